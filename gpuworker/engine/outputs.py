@@ -1,0 +1,57 @@
+"""What the engine hands back from each step."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+
+@dataclass
+class RequestDelta:
+    """New output of one request from one ``step()``.
+
+    ``new_text`` is what may be shown now: text that could still turn into a
+    stop string is held back until it is decided. ``finish_reason`` is one of
+    ``stop`` | ``length`` | ``abort`` | ``deadline`` once ``finished``.
+    """
+
+    request_id: str
+    new_token_ids: list[int]
+    new_text: str
+    finished: bool = False
+    finish_reason: Optional[str] = None
+    # One dict per new token: top-N {token_id: logprob} plus the sampled token.
+    logprobs: Optional[list[dict[int, float]]] = None
+    num_prompt_tokens: int = 0
+    num_output_tokens: int = 0
+    num_cached_tokens: int = 0
+    # Which stop string or token ended the request, if any.
+    stop_reason: Optional[object] = None
+
+
+@dataclass
+class CompletionOutput:
+    """The whole result of one prompt from ``LLM.generate``."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    text: str
+    finish_reason: Optional[str]
+    logprobs: Optional[list[dict[int, float]]] = None
+    num_cached_tokens: int = 0
+    metrics: dict = field(default_factory=dict)
+
+
+@dataclass
+class EngineStats:
+    num_running: int
+    num_waiting: int
+    kv_cache_usage: float  # fraction of blocks in use, 0..1
+    num_blocks: int
+    num_free_blocks: int
+    prefix_cache_queries: int  # tokens looked up
+    prefix_cache_hits: int  # tokens found
+    num_preemptions: int
+    num_steps: int
+    num_generated_tokens: int
+    num_prompt_tokens: int

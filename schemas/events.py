@@ -1,0 +1,101 @@
+"""Events on a job's reply stream.
+
+Each entry carries ``type``, ``attempt`` (delivery attempt that produced it) and
+``seq`` (position within that attempt). A client that sees ``restarted`` drops
+what it collected for earlier attempts.
+"""
+from __future__ import annotations
+
+from typing import Annotated, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+
+class _Event(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    attempt: int = 0
+    seq: int = 0
+
+
+class QueuedEvent(_Event):
+    type: Literal["queued"] = "queued"
+    model: str = ""
+
+
+class StartedEvent(_Event):
+    type: Literal["started"] = "started"
+    worker: str = ""
+
+
+class DeltaEvent(_Event):
+    type: Literal["delta"] = "delta"
+    text: str = ""
+    token_ids: list[int] = Field(default_factory=list)
+    # One entry per token: {"token_id": lp, ...} top-N plus the chosen token.
+    logprobs: Optional[list[dict[int, float]]] = None
+
+
+class RestartedEvent(_Event):
+    type: Literal["restarted"] = "restarted"
+    reason: str = ""
+
+
+class Usage(BaseModel):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+class Timings(BaseModel):
+    """Seconds."""
+
+    queue: float = 0.0
+    ttft: Optional[float] = None
+    total: float = 0.0
+
+
+FinishReason = Literal["stop", "length", "abort", "deadline"]
+
+
+class DoneEvent(_Event):
+    type: Literal["done"] = "done"
+    finish_reason: FinishReason
+    usage: Usage = Field(default_factory=Usage)
+    timings: Timings = Field(default_factory=Timings)
+
+
+class ErrorEvent(_Event):
+    type: Literal["error"] = "error"
+    code: str
+    message: str
+
+
+ReplyEvent = Annotated[
+    Union[QueuedEvent, StartedEvent, DeltaEvent, RestartedEvent, DoneEvent, ErrorEvent],
+    Field(discriminator="type"),
+]
+_adapter: TypeAdapter = TypeAdapter(ReplyEvent)
+
+TERMINAL_TYPES = frozenset({"done", "error"})
+
+
+def encode_event(event: BaseModel) -> dict[str, str]:
+    """Flat field map for XADD: the type stays readable, the body is JSON."""
+    return {"type": event.type, "data": event.model_dump_json(exclude={"type"})}
+
+
+def decode_event(fields: dict) -> ReplyEvent:
+    def s(v):
+        return v.decode("utf-8") if isinstance(v, bytes) else v
+
+    f = {s(k): s(v) for k, v in fields.items()}
+    import json
+
+    body = json.loads(f.get("data", "{}"))
+    body["type"] = f["type"]
+    return _adapter.validate_python(body)

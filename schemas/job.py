@@ -1,0 +1,67 @@
+"""A generation job as it travels on the job stream."""
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import Any, Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from schemas.sampling import SamplingParams
+
+MAX_PROMPT_CHARS = 1_000_000
+MAX_METADATA_BYTES = 16_384
+
+
+def new_job_id() -> str:
+    return uuid.uuid4().hex
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str = Field(max_length=MAX_PROMPT_CHARS)
+
+
+class Job(BaseModel):
+    """Exactly one of ``prompt``, ``messages`` or ``prompt_token_ids`` is set."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str = Field(default_factory=new_job_id, min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:-]+$")
+    model: str = Field(min_length=1, max_length=256)
+    prompt: Optional[str] = Field(None, max_length=MAX_PROMPT_CHARS)
+    messages: Optional[list[ChatMessage]] = Field(None, min_length=1, max_length=1024)
+    prompt_token_ids: Optional[list[int]] = Field(None, min_length=1, max_length=1_000_000)
+    sampling: SamplingParams = Field(default_factory=SamplingParams)
+    priority: int = Field(0, ge=-1000, le=1000, description="Lower value is served first (vLLM's convention).")
+    deadline: Optional[float] = Field(None, description="Unix time after which the job is finished with reason 'deadline'.")
+    tenant: Optional[str] = Field(None, max_length=128)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    created_at: float = Field(default_factory=time.time)
+
+    @model_validator(mode="after")
+    def _one_prompt(self):
+        given = [x is not None for x in (self.prompt, self.messages, self.prompt_token_ids)]
+        if sum(given) != 1:
+            raise ValueError("exactly one of 'prompt', 'messages' or 'prompt_token_ids' must be given")
+        if self.prompt_token_ids is not None and any(t < 0 for t in self.prompt_token_ids):
+            raise ValueError("prompt_token_ids must be non-negative")
+        if len(json.dumps(self.metadata)) > MAX_METADATA_BYTES:
+            raise ValueError(f"metadata must serialise to at most {MAX_METADATA_BYTES} bytes")
+        return self
+
+    # Redis stream entries are flat string maps: the job travels as one JSON field.
+    def to_fields(self) -> dict[str, str]:
+        return {"job": self.model_dump_json(exclude_none=True)}
+
+    @classmethod
+    def from_fields(cls, fields: dict) -> "Job":
+        raw = fields.get("job") if "job" in fields else fields.get(b"job")
+        if raw is None:
+            raise ValueError("stream entry has no 'job' field")
+        if isinstance(raw, bytes):
+            raw = raw.decode("utf-8")
+        return cls.model_validate_json(raw)

@@ -1,0 +1,40 @@
+"""Redis key names. Braces are Redis Cluster hash tags: every key of one job
+(reply stream, cancel flag) hashes to the same slot, and so does every key of
+one model's queue."""
+
+JOBS_GROUP = "inferq-workers"
+PREFIX = "inferq"
+
+
+def jobs(model: str) -> str:
+    return f"{PREFIX}:jobs:{{{model}}}"
+
+
+def dlq(model: str) -> str:
+    return f"{PREFIX}:dlq:{{{model}}}"
+
+
+def reply(job_id: str) -> str:
+    return f"{PREFIX}:reply:{{{job_id}}}"
+
+
+def cancel(job_id: str) -> str:
+    return f"{PREFIX}:cancel:{{{job_id}}}"
+
+
+def idempotency(model: str, key: str) -> str:
+    return f"{PREFIX}:idem:{{{model}}}:{key}"
+
+
+def job_info(job_id: str) -> str:
+    """Hash with the job's status/model/tenant, so status() needs no stream scan."""
+    return f"{PREFIX}:job:{{{job_id}}}"
+
+
+def rate(tenant: str) -> str:
+    return f"{PREFIX}:rate:{tenant}"
+
+
+def workers(model: str) -> str:
+    """Sorted set of live workers (score = last heartbeat, unix seconds)."""
+    return f"{PREFIX}:workers:{{{model}}}"

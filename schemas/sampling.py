@@ -1,0 +1,81 @@
+"""Sampling parameters: the knobs of one generation, validated at the edge."""
+from __future__ import annotations
+
+from typing import Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+# Upper bound on top-N logprobs per token (vLLM's default max_logprobs is 20).
+MAX_LOGPROBS = 20
+MAX_N = 16
+
+
+class SamplingParams(BaseModel):
+    """How to pick tokens and when to stop.
+
+    Defaults follow vLLM: temperature 1.0, top_p 1.0, top_k disabled (-1 or 0),
+    penalties neutral. ``temperature == 0`` means greedy.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_tokens: int = Field(16, ge=1, description="Most tokens to generate.")
+    temperature: float = Field(1.0, ge=0.0, le=100.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int = Field(-1, ge=-1, description="-1 or 0 disables top-k.")
+    min_p: float = Field(0.0, ge=0.0, le=1.0)
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    repetition_penalty: float = Field(1.0, gt=0.0, le=10.0)
+    seed: Optional[int] = Field(None, ge=0, lt=2**63)
+    stop: list[str] = Field(default_factory=list, max_length=16)
+    stop_token_ids: list[int] = Field(default_factory=list, max_length=64)
+    ignore_eos: bool = False
+    logprobs: Optional[int] = Field(None, ge=0, le=MAX_LOGPROBS, description="Top-N logprobs per token.")
+    n: int = Field(1, ge=1, le=MAX_N)
+    skip_special_tokens: bool = True
+
+    @field_validator("stop", mode="before")
+    @classmethod
+    def _stop_as_list(cls, v: Union[None, str, list[str]]):
+        if v is None:
+            return []
+        if isinstance(v, str):
+            return [v]
+        return v
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_not_empty(cls, v: list[str]) -> list[str]:
+        for s in v:
+            if not s:
+                raise ValueError("stop strings must be non-empty")
+            if len(s) > 256:
+                raise ValueError("stop strings must be at most 256 characters")
+        return v
+
+    @field_validator("stop_token_ids")
+    @classmethod
+    def _ids_non_negative(cls, v: list[int]) -> list[int]:
+        if any(t < 0 for t in v):
+            raise ValueError("stop_token_ids must be non-negative token ids")
+        return v
+
+    @model_validator(mode="after")
+    def _consistent(self):
+        if self.n > 1 and self.temperature == 0.0:
+            # Greedy copies would be identical: almost always a client mistake.
+            raise ValueError("n > 1 needs temperature > 0 (greedy samples would be identical)")
+        return self
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    @property
+    def uses_penalties(self) -> bool:
+        return (
+            self.presence_penalty != 0.0
+            or self.frequency_penalty != 0.0
+            or self.repetition_penalty != 1.0
+        )
