@@ -38,3 +38,6 @@ def rate(tenant: str) -> str:
 def workers(model: str) -> str:
     """Sorted set of live workers (score = last heartbeat, unix seconds)."""
     return f"{PREFIX}:workers:{{{model}}}"
+
+# The name the bundled SmolLM2-135M-Instruct is served under.
+DEFAULT_MODEL = "SmolLM2-135M-Instruct"
