@@ -1,0 +1,90 @@
+"""One generation request as the engine tracks it."""
+from __future__ import annotations
+
+import enum
+import time
+from typing import Any, Optional
+
+from schemas import SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"  # lost its blocks; waits to be recomputed
+    FINISHED = "finished"
+
+
+class Request:
+    """Token bookkeeping in vLLM V1 style.
+
+    There are no prefill/decode phases: a request has ``num_tokens`` known tokens
+    (prompt + generated) of which ``num_computed_tokens`` have KV in the cache.
+    Each step the scheduler hands it ``num_tokens - num_computed_tokens`` (capped
+    by the budget) new tokens; when it catches up it samples one more token.
+    """
+
+    def __init__(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        priority: int = 0,
+        arrival_time: Optional[float] = None,
+        deadline: Optional[float] = None,
+        eos_token_ids: tuple[int, ...] = (),
+    ):
+        self.request_id = request_id
+        self.prompt_token_ids = list(prompt_token_ids)
+        self.params = params
+        self.priority = priority
+        self.arrival_time = time.time() if arrival_time is None else arrival_time
+        self.deadline = deadline
+        self.eos_token_ids = eos_token_ids
+
+        self.all_token_ids: list[int] = list(prompt_token_ids)
+        self.output_token_ids: list[int] = []
+        self.output_logprobs: list[dict[int, float]] = []
+        self.num_computed_tokens = 0
+        self.num_cached_tokens = -1  # prefix-cache hit on first schedule; -1 = not yet scheduled
+        self.num_preemptions = 0
+        self.status = RequestStatus.WAITING
+        self.finish_reason: Optional[str] = None
+        self.stop_reason: Any = None
+        # Chain hashes of this request's full blocks, extended as blocks fill.
+        self.block_hashes: list[bytes] = []
+        # Filled in by the engine: per-request RNG and incremental detokenizer.
+        self.generator = None
+        self.detokenizer = None
+        self.first_token_time: Optional[float] = None
+        self.first_scheduled_time: Optional[float] = None
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is RequestStatus.FINISHED
+
+    def append_output_token(self, token_id: int) -> None:
+        self.all_token_ids.append(token_id)
+        self.output_token_ids.append(token_id)
+
+    def sort_key(self) -> tuple:
+        """Lower sorts first: served earlier, preempted later."""
+        return (self.priority, self.arrival_time)
+
+    def __repr__(self) -> str:
+        return (
+            f"Request({self.request_id!r}, status={self.status.value}, "
+            f"computed={self.num_computed_tokens}/{self.num_tokens})"
+        )

@@ -1,0 +1,223 @@
+"""vLLM V1-style scheduler: one token budget per step, no prefill/decode phases.
+
+Each step, running requests are served first (a decode is one token, a
+continuing prefill is its next chunk), then waiting requests are admitted
+while budget, sequence slots and KV blocks last. A prompt longer than the
+remaining budget is cut into chunks (chunked prefill), so decodes never wait
+behind a long prompt. When blocks run out, the least important running request
+is preempted: its blocks are freed and it is recomputed later.
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Iterable, Optional
+
+from gpuworker.engine.kv_cache_manager import KVCacheManager
+from gpuworker.engine.request import Request, RequestStatus
+
+
+@dataclass
+class ScheduledRequest:
+    request: Request
+    num_new_tokens: int
+    # Tokens computed before this step (prefix hits included).
+    num_computed_before: int
+
+    @property
+    def samples(self) -> bool:
+        """Reaches the end of its known tokens this step, so it samples one more."""
+        return self.num_computed_before + self.num_new_tokens == self.request.num_tokens
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled: list[ScheduledRequest] = field(default_factory=list)
+    preempted: list[Request] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.num_new_tokens for s in self.scheduled)
+
+    def __bool__(self) -> bool:
+        return bool(self.scheduled)
+
+
+class WaitingQueue:
+    """FCFS: a deque, preempted requests go back to the front.
+    Priority: a heap on (priority, arrival); preempted requests keep their key."""
+
+    def __init__(self, policy: str):
+        if policy not in ("fcfs", "priority"):
+            raise ValueError(f"unknown scheduling policy {policy!r}; choose 'fcfs' or 'priority'")
+        self.policy = policy
+        self._deque: deque[Request] = deque()
+        self._heap: list[tuple] = []
+        self._tie = itertools.count()
+
+    def add(self, req: Request) -> None:
+        if self.policy == "fcfs":
+            self._deque.append(req)
+        else:
+            heapq.heappush(self._heap, (req.sort_key(), next(self._tie), req))
+
+    def add_front(self, req: Request) -> None:
+        if self.policy == "fcfs":
+            self._deque.appendleft(req)
+        else:
+            self.add(req)
+
+    def peek(self) -> Request:
+        return self._deque[0] if self.policy == "fcfs" else self._heap[0][2]
+
+    def pop(self) -> Request:
+        return self._deque.popleft() if self.policy == "fcfs" else heapq.heappop(self._heap)[2]
+
+    def remove(self, req: Request) -> bool:
+        if self.policy == "fcfs":
+            try:
+                self._deque.remove(req)
+                return True
+            except ValueError:
+                return False
+        for i, entry in enumerate(self._heap):
+            if entry[2] is req:
+                self._heap.pop(i)
+                heapq.heapify(self._heap)
+                return True
+        return False
+
+    def __iter__(self) -> Iterable[Request]:
+        return iter(self._deque) if self.policy == "fcfs" else (e[2] for e in self._heap)
+
+    def __len__(self) -> int:
+        return len(self._deque) if self.policy == "fcfs" else len(self._heap)
+
+
+class Scheduler:
+    def __init__(
+        self,
+        kv: KVCacheManager,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        policy: str = "fcfs",
+        enable_chunked_prefill: bool = True,
+    ):
+        self.kv = kv
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.enable_chunked_prefill = enable_chunked_prefill
+        self.policy = policy
+        self.waiting = WaitingQueue(policy)
+        self.running: list[Request] = []
+        self.num_preemptions = 0
+
+    def add(self, req: Request) -> None:
+        self.waiting.add(req)
+
+    # -- the step plan --------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.max_num_batched_tokens
+        scheduled: dict[str, ScheduledRequest] = {}
+
+        # 1. Running requests, in order: decodes and continuing prefill chunks.
+        i = 0
+        while i < len(self.running) and budget > 0:
+            req = self.running[i]
+            num_new = min(req.num_tokens - req.num_computed_tokens, budget)
+            if not self.enable_chunked_prefill and num_new < req.num_tokens - req.num_computed_tokens:
+                i += 1
+                continue
+            while not self.kv.allocate_slots(req, num_new):
+                victim = self._pick_victim()
+                if self.running.index(victim) < i:
+                    i -= 1  # an earlier (already scheduled) request leaves the list
+                budget += self._preempt(victim, scheduled, out)
+                if victim is req:
+                    break
+            if req.status is not RequestStatus.RUNNING:
+                continue  # req preempted itself; running[i] is now the next one
+            scheduled[req.request_id] = ScheduledRequest(req, num_new, req.num_computed_tokens)
+            budget -= num_new
+            i += 1
+
+        # 2. Waiting requests, only if nothing had to be preempted this step.
+        while (
+            not out.preempted
+            and len(self.waiting)
+            and budget > 0
+            and len(self.running) < self.max_num_seqs
+        ):
+            req = self.waiting.peek()
+            hit_blocks, num_hit = [], 0
+            if req.num_computed_tokens == 0:
+                hit_blocks, num_hit = self.kv.get_computed_blocks(req)
+            remaining = req.num_tokens - num_hit
+            num_new = min(remaining, budget)
+            if not self.enable_chunked_prefill and num_new < remaining:
+                break  # whole prompts only: wait for a step with room
+            if not self.kv.allocate_slots(req, num_new, hit_blocks):
+                break  # out of blocks: admit nobody else this step
+            self.waiting.pop()
+            req.num_computed_tokens = num_hit
+            if req.num_cached_tokens < 0:
+                req.num_cached_tokens = num_hit
+            req.status = RequestStatus.RUNNING
+            self.running.append(req)
+            scheduled[req.request_id] = ScheduledRequest(req, num_new, num_hit)
+            budget -= num_new
+
+        out.scheduled = list(scheduled.values())
+        # vLLM V1 advances progress at schedule time: the step will compute them.
+        for s in out.scheduled:
+            s.request.num_computed_tokens += s.num_new_tokens
+        return out
+
+    def _pick_victim(self) -> Request:
+        if self.policy == "priority":
+            return max(self.running, key=Request.sort_key)
+        return self.running[-1]  # FCFS: the latest arrival
+
+    def _preempt(self, victim: Request, scheduled: dict, out: SchedulerOutput) -> int:
+        """Free the victim's blocks and requeue it; returns budget given back."""
+        self.running.remove(victim)
+        self.kv.free(victim)
+        refund = 0
+        s = scheduled.pop(victim.request_id, None)
+        if s is not None:
+            refund = s.num_new_tokens
+        victim.status = RequestStatus.PREEMPTED
+        victim.num_computed_tokens = 0
+        victim.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.add_front(victim)
+        out.preempted.append(victim)
+        return refund
+
+    # -- removal --------------------------------------------------------------
+    def finish(self, req: Request, reason: str) -> None:
+        """Remove a request wherever it is and free its blocks at once."""
+        if req.status is RequestStatus.RUNNING:
+            self.running.remove(req)
+        elif req.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED):
+            self.waiting.remove(req)
+        self.kv.free(req)
+        req.status = RequestStatus.FINISHED
+        req.finish_reason = reason
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.running) or bool(len(self.waiting))
+
+    def live_request_ids(self) -> set[str]:
+        return {r.request_id for r in self.running} | {r.request_id for r in self.waiting}
