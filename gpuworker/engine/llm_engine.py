@@ -1,0 +1,233 @@
+"""The engine core: requests in, one scheduled forward per step, deltas out.
+
+Not thread-safe: one thread owns an engine and calls ``step()`` in a loop
+(the worker service feeds it through a queue).
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Optional
+
+import torch
+
+from gpuworker.attention.base import get_backend
+from gpuworker.config import EngineConfig
+from gpuworker.engine.detokenizer import IncrementalDetokenizer
+from gpuworker.engine.kv_cache_manager import KVCacheManager
+from gpuworker.engine.model_runner import ModelRunner
+from gpuworker.engine.outputs import EngineStats, RequestDelta
+from gpuworker.engine.request import Request
+from gpuworker.engine.sampler import make_generator
+from gpuworker.engine.scheduler import Scheduler
+from gpuworker.models.loader import load_model
+from schemas import SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+class LLMEngine:
+    def __init__(self, config: Optional[EngineConfig] = None, **kwargs):
+        self.config = config = config or EngineConfig(**kwargs)
+        self.device = config.resolved_device()
+        dtype = config.resolved_dtype(self.device)
+        self.backend = get_backend(config.resolved_backend(self.device))
+        loaded = load_model(config.model, dtype=dtype, device=self.device, backend=self.backend)
+        self.model = loaded.model
+        self.model_config = loaded.config
+        self.tokenizer = loaded.tokenizer
+        self.model_name = config.served_model_name or loaded.name
+        self.eos_token_ids = tuple(loaded.config.eos_token_ids)
+
+        mc = loaded.config
+        num_blocks = self._num_kv_blocks(mc, dtype)
+        self.kv_caches = self.backend.allocate_kv_cache(
+            mc.num_layers, num_blocks, config.block_size, mc.num_kv_heads, mc.head_dim, dtype, self.device
+        )
+        max_len = mc.max_model_len if config.max_model_len is None else min(config.max_model_len, mc.max_model_len)
+        # A sequence can never outgrow the whole cache, or it would preempt itself forever.
+        self.max_model_len = min(max_len, num_blocks * config.block_size)
+        if self.max_model_len < max_len:
+            log.warning("max_model_len capped at %d by the KV cache size", self.max_model_len)
+
+        self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching)
+        self.scheduler = Scheduler(
+            self.kv,
+            max_num_seqs=config.max_num_seqs,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            policy=config.scheduling_policy,
+            enable_chunked_prefill=config.enable_chunked_prefill,
+        )
+        self.runner = ModelRunner(self.model, self.kv_caches, config.block_size, self.device)
+        self.requests: dict[str, Request] = {}
+        self._with_deadline: set[str] = set()
+        self.num_steps = 0
+        self.num_generated_tokens = 0
+        self.num_prompt_tokens = 0
+
+    def _num_kv_blocks(self, mc, dtype: torch.dtype) -> int:
+        cfg = self.config
+        if cfg.num_kv_blocks:
+            return cfg.num_kv_blocks
+        bytes_per_block = 2 * mc.num_layers * cfg.block_size * mc.num_kv_heads * mc.head_dim * dtype.itemsize
+        if cfg.kv_cache_memory:
+            budget = cfg.kv_cache_memory
+        elif self.device.type == "cuda":
+            budget = self._profile_free_gpu_memory()
+        else:
+            budget = EngineConfig.CPU_KV_CACHE_BYTES
+        return max(1, int(budget // bytes_per_block))
+
+    def _profile_free_gpu_memory(self) -> int:
+        """Run one forward at the full token budget, then give the KV cache
+        what is left of gpu_memory_utilization after the peak."""
+        from gpuworker.engine.profiling import peak_activation_bytes
+
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(self.device)
+        peak_activation_bytes(self)
+        total = torch.cuda.get_device_properties(self.device).total_memory
+        used = torch.cuda.max_memory_allocated(self.device)
+        return max(0, int(total * self.config.gpu_memory_utilization) - used)
+
+    # -- requests -------------------------------------------------------------
+    def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: Optional[SamplingParams] = None,
+        priority: int = 0,
+        deadline: Optional[float] = None,
+        arrival_time: Optional[float] = None,
+    ) -> None:
+        params = params or SamplingParams()
+        if request_id in self.requests:
+            raise ValueError(f"request id {request_id!r} is already in the engine")
+        if not prompt_token_ids:
+            raise ValueError("the prompt is empty: give at least one token")
+        if params.n != 1:
+            raise ValueError("the engine runs one sample per request; expand n > 1 into n requests")
+        vocab = self.model_config.vocab_size
+        if min(prompt_token_ids) < 0 or max(prompt_token_ids) >= vocab:
+            raise ValueError(f"prompt token ids must be in [0, {vocab})")
+        if len(prompt_token_ids) >= self.max_model_len:
+            raise ValueError(
+                f"the prompt has {len(prompt_token_ids)} tokens, but this model allows at most "
+                f"{self.max_model_len - 1} prompt tokens (max_model_len {self.max_model_len} "
+                f"includes at least one generated token)"
+            )
+        req = Request(request_id, prompt_token_ids, params, priority, arrival_time, deadline, self.eos_token_ids)
+        req.generator = make_generator(params.seed, self.device)
+        req.detokenizer = IncrementalDetokenizer(self.tokenizer, req.prompt_token_ids, params)
+        self.requests[request_id] = req
+        if deadline is not None:
+            self._with_deadline.add(request_id)
+        self.scheduler.add(req)
+
+    def abort(self, request_id: str, reason: str = "abort") -> Optional[RequestDelta]:
+        """Finish a request now (abort or deadline) and free its blocks."""
+        req = self.requests.get(request_id)
+        if req is None:
+            return None
+        text = req.detokenizer.flush()
+        return self._finish(req, reason, [], text, None)
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    # -- the step -------------------------------------------------------------
+    def step(self) -> list[RequestDelta]:
+        deltas = self._expire_deadlines()
+        sched = self.scheduler.schedule()
+        if not sched:
+            return deltas
+        now = time.time()
+        for s in sched.scheduled:
+            if s.request.first_scheduled_time is None:
+                s.request.first_scheduled_time = now
+        sampled = self.runner.execute(sched, self.kv)
+        self.num_steps += 1
+        self.num_prompt_tokens += sum(
+            max(0, min(s.num_computed_before + s.num_new_tokens, s.request.num_prompt_tokens) - s.num_computed_before)
+            for s in sched.scheduled
+        )
+        for st in sampled:
+            d = self._on_token(st.scheduled.request, st.token_id, st.logprobs)
+            if d is not None:
+                deltas.append(d)
+        return deltas
+
+    def _on_token(self, req: Request, token: int, logprobs) -> Optional[RequestDelta]:
+        if req.is_finished:  # aborted between schedule and output
+            return None
+        req.append_output_token(token)
+        self.num_generated_tokens += 1
+        if req.first_token_time is None:
+            req.first_token_time = time.time()
+        lps = [logprobs] if req.params.logprobs is not None else None
+        p = req.params
+        # Stop tokens end the request without their text.
+        if token in p.stop_token_ids:
+            return self._finish(req, "stop", [token], req.detokenizer.flush(), lps, stop_reason=token)
+        if not p.ignore_eos and token in self.eos_token_ids:
+            return self._finish(req, "stop", [token], req.detokenizer.flush(), lps)
+        text, stop_str = req.detokenizer.update([token])
+        if stop_str is not None:
+            return self._finish(req, "stop", [token], text, lps, stop_reason=stop_str)
+        if req.num_output_tokens >= p.max_tokens or req.num_tokens >= self.max_model_len:
+            return self._finish(req, "length", [token], text + req.detokenizer.flush(), lps)
+        return RequestDelta(
+            request_id=req.request_id,
+            new_token_ids=[token],
+            new_text=text,
+            logprobs=lps,
+            num_prompt_tokens=req.num_prompt_tokens,
+            num_output_tokens=req.num_output_tokens,
+            num_cached_tokens=max(req.num_cached_tokens, 0),
+        )
+
+    def _finish(self, req, reason, tokens, text, lps, stop_reason=None) -> RequestDelta:
+        self.scheduler.finish(req, reason)
+        req.stop_reason = stop_reason
+        self.requests.pop(req.request_id, None)
+        self._with_deadline.discard(req.request_id)
+        return RequestDelta(
+            request_id=req.request_id,
+            new_token_ids=tokens,
+            new_text=text,
+            finished=True,
+            finish_reason=reason,
+            logprobs=lps,
+            num_prompt_tokens=req.num_prompt_tokens,
+            num_output_tokens=req.num_output_tokens,
+            num_cached_tokens=max(req.num_cached_tokens, 0),
+            stop_reason=stop_reason,
+        )
+
+    def _expire_deadlines(self) -> list[RequestDelta]:
+        if not self._with_deadline:
+            return []
+        now = time.time()
+        expired = [rid for rid in self._with_deadline if self.requests[rid].deadline <= now]
+        return [self.abort(rid, reason="deadline") for rid in expired]
+
+    # -- observability --------------------------------------------------------
+    def stats(self) -> EngineStats:
+        return EngineStats(
+            num_running=self.scheduler.num_running,
+            num_waiting=self.scheduler.num_waiting,
+            kv_cache_usage=self.kv.usage(),
+            num_blocks=self.kv.pool.num_blocks,
+            num_free_blocks=self.kv.num_free_blocks,
+            prefix_cache_queries=self.kv.prefix_queries,
+            prefix_cache_hits=self.kv.prefix_hits,
+            num_preemptions=self.scheduler.num_preemptions,
+            num_steps=self.num_steps,
+            num_generated_tokens=self.num_generated_tokens,
+            num_prompt_tokens=self.num_prompt_tokens,
+        )
+
+    def check_invariants(self) -> None:
+        """Block pool consistent, and no block held by a finished request."""
+        self.kv.check_invariants(self.scheduler.live_request_ids())
+        assert set(self.requests) == self.scheduler.live_request_ids(), "engine and scheduler disagree on live requests"
