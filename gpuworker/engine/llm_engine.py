@@ -45,8 +45,11 @@ class LLMEngine:
             mc.num_layers, num_blocks, config.block_size, mc.num_kv_heads, mc.head_dim, dtype, self.device
         )
         max_len = mc.max_model_len if config.max_model_len is None else min(config.max_model_len, mc.max_model_len)
-        # A sequence can never outgrow the whole cache, or it would preempt itself forever.
+        # A sequence can never outgrow the whole cache, or it would preempt itself forever;
+        # without chunking, a prompt must also fit in one step's budget.
         self.max_model_len = min(max_len, num_blocks * config.block_size)
+        if not config.enable_chunked_prefill:
+            self.max_model_len = min(self.max_model_len, config.max_num_batched_tokens)
         if self.max_model_len < max_len:
             log.warning("max_model_len capped at %d by the KV cache size", self.max_model_len)
 
