@@ -1,0 +1,166 @@
+"""asyncio producer SDK (redis.asyncio): the same API as ``Producer`` with
+``await`` and ``async for``.
+
+    p = AsyncProducer()
+    h = await p.submit("Hello", sampling={"max_tokens": 32})
+    async for piece in h.text():
+        ...
+    res = await h.result(timeout=60)
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, AsyncIterator, Optional
+
+from schemas import decode_event, keys
+from schemas.events import TERMINAL_TYPES
+
+from producer.admission import ADMISSION_LUA, Admitted, interpret, script_args, script_keys
+from producer.client import (
+    FINAL_STATUSES,
+    JobResult,
+    ReplyFilter,
+    ResultBuilder,
+    TextFollower,
+    _str,
+    build_job,
+    clamp_block_ms,
+    parse_status,
+    resolve_settings,
+)
+from producer.errors import JobNotFound
+from producer.settings import ProducerSettings, async_client
+
+
+class AsyncJobHandle:
+    def __init__(self, producer: "AsyncProducer", job_id: str, *, entry_id: Optional[str] = None, duplicate: bool = False):
+        self._p = producer
+        self.id = job_id
+        self.entry_id = entry_id
+        self.duplicate = duplicate
+
+    def __repr__(self) -> str:
+        return f"AsyncJobHandle({self.id!r})"
+
+    async def _exists(self) -> bool:
+        return bool(await self._p.redis.exists(keys.reply(self.id), keys.job_info(self.id)))
+
+    async def stream(
+        self, last_id: str = "0-0", block_ms: int = 5000, timeout: Optional[float] = None, raw: bool = False
+    ) -> AsyncIterator[tuple[str, Any]]:
+        """Async twin of JobHandle.stream: ``(entry_id, event)`` until done/error."""
+        if not await self._exists():
+            raise JobNotFound(self.id)
+        r = self._p.redis
+        key = keys.reply(self.id)
+        block_ms = clamp_block_ms(block_ms, self._p.settings.socket_timeout)
+        end = None if timeout is None else time.monotonic() + timeout
+        filt = ReplyFilter()
+        while True:
+            wait = block_ms
+            if end is not None:
+                left = end - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"job {self.id} did not finish within {timeout}s")
+                wait = max(1, min(block_ms, int(left * 1000)))
+            resp = await r.xread({key: last_id}, count=512, block=wait)
+            if not resp:
+                if not await r.exists(key):
+                    raise JobNotFound(self.id)
+                continue
+            for entry_id, fields in resp[0][1]:
+                last_id = _str(entry_id)
+                ev = decode_event(fields)
+                accepted = filt.accept(ev)
+                if accepted or raw:
+                    yield last_id, ev
+                if accepted and ev.type in TERMINAL_TYPES:
+                    return
+
+    async def text(self, timeout: Optional[float] = None, on_restart: str = "follow") -> AsyncIterator[str]:
+        follower = TextFollower(self.id, on_restart)
+        async for _, ev in self.stream(timeout=timeout):
+            piece = follower.feed(ev)
+            if piece:
+                yield piece
+
+    async def result(self, timeout: Optional[float] = None) -> JobResult:
+        builder = ResultBuilder(self.id)
+        async for _, ev in self.stream(timeout=timeout):
+            res = builder.feed(ev)
+            if res is not None:
+                return res
+        raise RuntimeError("reply stream ended without done/error")
+
+    async def cancel(self) -> bool:
+        if not await self._exists():
+            raise JobNotFound(self.id)
+        pipe = self._p.redis.pipeline(transaction=False)
+        pipe.set(keys.cancel(self.id), "1", ex=self._p.settings.reply_ttl)
+        pipe.hget(keys.job_info(self.id), "status")
+        _, status = await pipe.execute()
+        return status is None or _str(status) not in FINAL_STATUSES
+
+    async def status(self) -> dict:
+        pipe = self._p.redis.pipeline(transaction=False)
+        pipe.hgetall(keys.job_info(self.id))
+        pipe.exists(keys.cancel(self.id))
+        info, cancel = await pipe.execute()
+        if not info:
+            raise JobNotFound(self.id)
+        return parse_status(self.id, info, bool(cancel))
+
+
+class AsyncProducer:
+    def __init__(
+        self,
+        redis_url: Optional[str] = None,
+        *,
+        default_model: Optional[str] = None,
+        max_backlog: Optional[int] = None,
+        reply_ttl: Optional[int] = None,
+        settings: Optional[ProducerSettings] = None,
+        redis_client=None,
+        **overrides: Any,
+    ):
+        self.settings = resolve_settings(settings, redis_url=redis_url, default_model=default_model,
+                                         max_backlog=max_backlog, reply_ttl=reply_ttl, **overrides)
+        self.redis = redis_client if redis_client is not None else async_client(self.settings)
+        self._admit = self.redis.register_script(ADMISSION_LUA)
+
+    @property
+    def default_model(self) -> str:
+        return self.settings.default_model
+
+    async def submit(self, prompt: Optional[str] = None, *, idempotency_key: Optional[str] = None, **kw: Any) -> AsyncJobHandle:
+        job = build_job(self.default_model, prompt, idempotency_key=idempotency_key, **kw)
+        reply = await self._admit(keys=script_keys(job, idempotency_key), args=script_args(job, idempotency_key, self.settings))
+        adm: Admitted = interpret(reply, job, self.settings)
+        return AsyncJobHandle(self, adm.job_id, entry_id=adm.entry_id, duplicate=adm.duplicate)
+
+    def job(self, job_id: str) -> AsyncJobHandle:
+        return AsyncJobHandle(self, job_id)
+
+    async def depth(self, model: Optional[str] = None) -> int:
+        return int(await self.redis.xlen(keys.jobs(model or self.default_model)))
+
+    async def workers(self, model: Optional[str] = None) -> dict[str, float]:
+        now = time.time()
+        since = now - self.settings.worker_stale_seconds
+        rows = await self.redis.zrangebyscore(keys.workers(model or self.default_model), since, "+inf", withscores=True)
+        return {_str(w): round(now - score, 3) for w, score in rows}
+
+    async def ping(self) -> bool:
+        return bool(await self.redis.ping())
+
+    async def close(self) -> None:
+        await self.redis.aclose()
+
+    async def __aenter__(self) -> "AsyncProducer":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+
+__all__ = ["AsyncProducer", "AsyncJobHandle"]
