@@ -1,0 +1,92 @@
+"""Split-K (flash-decoding) for decode batches that are too small to fill the GPU.
+
+A decode-only step launches one program per (sequence, KV head). With a few
+sequences and long contexts that is a handful of programs on 132 SMs, each
+streaming the whole context alone. Split-K cuts every sequence's keys into
+``num_kv_splits`` contiguous segments handled by separate programs (the third
+grid axis of the unified kernel); each writes its segment's normalised output
+``o_s`` and log-sum-exp ``lse_s`` (base 2). This module's kernel merges them:
+
+    out = sum_s 2^(lse_s - max lse) * o_s / sum_s 2^(lse_s - max lse)
+
+An empty segment has lse = -inf and weight 0.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+MIN_KEYS_PER_SPLIT = 128  # below this a segment costs more in launch/merge than it saves
+MAX_SPLITS = 64
+
+
+def choose_num_kv_splits(
+    num_seqs: int, num_kv_heads: int, max_query_len: int, max_seq_len: int, num_compute_units: int
+) -> int:
+    """1 (no split) unless the step is decode-only and its grid would leave the GPU idle.
+
+    Returns a power of two so the kernel compiles for few distinct values.
+    """
+    if max_query_len != 1:
+        return 1
+    programs = num_seqs * num_kv_heads
+    if programs >= num_compute_units:
+        return 1
+    by_length = max_seq_len // MIN_KEYS_PER_SPLIT
+    by_occupancy = triton.cdiv(2 * num_compute_units, programs)  # aim for about two waves
+    wanted = min(by_length, by_occupancy, MAX_SPLITS)
+    if wanted < 2:
+        return 1
+    return 1 << (wanted.bit_length() - 1)  # round down to a power of two
+
+
+@triton.jit
+def _merge_kv_splits_kernel(
+    part_out_ptr, part_lse_ptr, out_ptr, query_start_loc_ptr,
+    num_seqs, num_heads,
+    stride_ot, stride_oh, stride_od,
+    NUM_SPLITS: tl.constexpr,
+    SPLITS_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    DIM_PAD: tl.constexpr,
+):
+    token = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    if token >= tl.load(query_start_loc_ptr + num_seqs):
+        return  # padding row past the last sequence: never computed, left untouched
+    splits = tl.arange(0, SPLITS_PAD)
+    split_ok = splits < NUM_SPLITS
+    dims = tl.arange(0, DIM_PAD)
+    row = (token * num_heads + head) * NUM_SPLITS
+    lse = tl.load(part_lse_ptr + row + splits, mask=split_ok, other=float("-inf"))
+    top = tl.max(lse, axis=0)
+    weight = tl.exp2(lse - top)  # segment 0 always holds the first key, so top is finite
+    weight = tl.where(split_ok, weight, 0.0)
+    o = tl.load(part_out_ptr + (row + splits)[:, None] * DIM_PAD + dims[None, :], mask=split_ok[:, None], other=0.0)
+    merged = tl.sum(weight[:, None] * o, axis=0) / tl.sum(weight, axis=0)
+    tl.store(
+        out_ptr + token * stride_ot + head * stride_oh + dims * stride_od,
+        merged.to(out_ptr.dtype.element_ty),
+        mask=dims < HEAD_DIM,
+    )
+
+
+def merge_kv_splits(
+    part_out: torch.Tensor,  # [T, Hq, S, DIM_PAD] fp32
+    part_lse: torch.Tensor,  # [T, Hq, S] fp32
+    out: torch.Tensor,  # [T, Hq, D]
+    query_start_loc: torch.Tensor,  # [B+1]
+    num_seqs: int,
+) -> None:
+    num_tokens, num_heads, num_splits, dim_pad = part_out.shape
+    _merge_kv_splits_kernel[(num_tokens, num_heads)](
+        part_out, part_lse, out, query_start_loc,
+        num_seqs, num_heads,
+        *out.stride(),
+        NUM_SPLITS=num_splits,
+        SPLITS_PAD=triton.next_power_of_2(num_splits),
+        HEAD_DIM=out.shape[2],
+        DIM_PAD=dim_pad,
+        num_warps=4,
+    )
