@@ -1,0 +1,254 @@
+"""The Llama family (Llama 2/3.x, SmolLM, Mistral, Qwen2/2.5, Qwen3) as one model.
+
+The differences are switches in ``ModelConfig``: q/k/v bias (Qwen2), per-head
+q/k RMSNorm (Qwen3), rope scaling (Llama 3.1+), tied embeddings. Inputs are a
+flattened varlen batch (no batch axis): ``input_ids[T]``, ``positions[T]``;
+attention over the paged cache is the backend's job.
+
+q/k/v and gate/up are fused into one matmul each; ``load_weights`` maps the HF
+tensor names onto the fused parameters.
+"""
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from gpuworker.attention.base import AttentionBackend, AttentionMetadata, KVCache
+from gpuworker.models.config import ModelConfig
+
+
+def _param(*shape: int, dtype: torch.dtype, device) -> nn.Parameter:
+    # Uninitialised on purpose: load_weights fills everything, and random init of a
+    # large model costs seconds.
+    return nn.Parameter(torch.empty(*shape, dtype=dtype, device=device), requires_grad=False)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """HF's LlamaRMSNorm: normalise in fp32, cast back, then scale."""
+    dtype = x.dtype
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(dtype)
+
+
+def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
+    dim = cfg.head_dim
+    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    scaling = cfg.rope_scaling
+    if scaling is None:
+        return inv_freq
+    factor = float(scaling["factor"])
+    if scaling["rope_type"] == "linear":
+        return inv_freq / factor
+    # llama3: long wavelengths slowed by `factor`, short ones kept, a smooth blend between.
+    low, high = float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"])
+    old_len = float(scaling["original_max_position_embeddings"])
+    low_wavelen, high_wavelen = old_len / low, old_len / high
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+    smooth = (old_len / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+    return torch.where(medium, smoothed, scaled)
+
+
+class RotaryEmbedding(nn.Module):
+    """cos/sin of every position up to max_position_embeddings, computed once (fp32
+    math like HF, then stored in the model dtype) and indexed by ``positions``."""
+
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, device) -> None:
+        super().__init__()
+        inv_freq = rope_inv_freq(cfg)
+        t = torch.arange(cfg.max_position_embeddings, dtype=torch.float32)
+        freqs = torch.outer(t, inv_freq)  # [P, D/2]
+        self.register_buffer("cos", freqs.cos().to(dtype=dtype, device=device), persistent=False)
+        self.register_buffer("sin", freqs.sin().to(dtype=dtype, device=device), persistent=False)
+
+    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        cos = self.cos[positions].unsqueeze(1)  # [T, 1, D/2]
+        sin = self.sin[positions].unsqueeze(1)
+        return _rotate(q, cos, sin), _rotate(k, cos, sin)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    # HF's "rotate_half" convention: the first and second halves of a head are the pair.
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, backend: AttentionBackend, dtype: torch.dtype, device) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.backend = backend
+        h, d = cfg.hidden_size, cfg.head_dim
+        self.q_size = cfg.num_heads * d
+        self.kv_size = cfg.num_kv_heads * d
+        self.scale = d**-0.5
+        p = dict(dtype=dtype, device=device)
+        self.input_layernorm = _param(h, **p)
+        self.qkv_proj = _param(self.q_size + 2 * self.kv_size, h, **p)
+        self.qkv_bias = _param(self.q_size + 2 * self.kv_size, **p) if cfg.attention_bias else None
+        self.o_proj = _param(h, self.q_size, **p)
+        self.o_bias = _param(h, **p) if cfg.o_proj_bias else None
+        self.q_norm = _param(d, **p) if cfg.qk_norm else None
+        self.k_norm = _param(d, **p) if cfg.qk_norm else None
+        self.post_attention_layernorm = _param(h, **p)
+        self.gate_up_proj = _param(2 * cfg.intermediate_size, h, **p)
+        self.gate_up_bias = _param(2 * cfg.intermediate_size, **p) if cfg.mlp_bias else None
+        self.down_proj = _param(h, cfg.intermediate_size, **p)
+        self.down_bias = _param(h, **p) if cfg.mlp_bias else None
+
+    def forward(
+        self,
+        positions: torch.Tensor,
+        hidden: torch.Tensor,
+        residual: torch.Tensor | None,
+        rotary: RotaryEmbedding,
+        kv_cache: KVCache,
+        meta: AttentionMetadata,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        cfg = self.cfg
+        eps = cfg.rms_norm_eps
+        residual = hidden if residual is None else hidden + residual
+        x = rms_norm(residual, self.input_layernorm, eps)
+
+        qkv = F.linear(x, self.qkv_proj, self.qkv_bias)
+        t = qkv.shape[0]
+        q, k, v = qkv.split((self.q_size, self.kv_size, self.kv_size), dim=-1)
+        q = q.view(t, cfg.num_heads, cfg.head_dim)
+        k = k.view(t, cfg.num_kv_heads, cfg.head_dim)
+        v = v.view(t, cfg.num_kv_heads, cfg.head_dim)
+        if self.q_norm is not None:
+            q = rms_norm(q, self.q_norm, eps)
+            k = rms_norm(k, self.k_norm, eps)
+        q, k = rotary(positions, q, k)
+        attn = self.backend.forward(q, k, v, kv_cache, meta, self.scale)
+        x = F.linear(attn.view(t, self.q_size), self.o_proj, self.o_bias)
+
+        residual = x + residual
+        x = rms_norm(residual, self.post_attention_layernorm, eps)
+        gate, up = F.linear(x, self.gate_up_proj, self.gate_up_bias).chunk(2, dim=-1)
+        x = F.linear(F.silu(gate) * up, self.down_proj, self.down_bias)
+        return x, residual
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        backend: AttentionBackend,
+        dtype: torch.dtype = torch.float32,
+        device: str | torch.device = "cpu",
+    ) -> None:
+        super().__init__()
+        self.config = cfg
+        self.backend = backend
+        self.dtype = dtype
+        p = dict(dtype=dtype, device=device)
+        self.embed_tokens = _param(cfg.vocab_size, cfg.hidden_size, **p)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, backend, dtype, device) for _ in range(cfg.num_layers))
+        self.norm = _param(cfg.hidden_size, **p)
+        self.lm_head = self.embed_tokens if cfg.tie_word_embeddings else _param(cfg.vocab_size, cfg.hidden_size, **p)
+        self.rotary = RotaryEmbedding(cfg, dtype, device)
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: list[KVCache],
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        """Return the final-normed hidden states ``[T, hidden]`` of every new token."""
+        if len(kv_caches) != len(self.layers):
+            raise ValueError(f"expected {len(self.layers)} kv caches, got {len(kv_caches)}")
+        hidden = F.embedding(input_ids, self.embed_tokens)
+        residual = None
+        for layer, cache in zip(self.layers, kv_caches):
+            hidden, residual = layer(positions, hidden, residual, self.rotary, cache, meta)
+        return rms_norm(hidden + residual, self.norm, self.config.rms_norm_eps)
+
+    @torch.inference_mode()
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return F.linear(hidden, self.lm_head).float()
+
+    # ------------------------------------------------------------------ weights
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy HF-named tensors into our (fused) parameters; every parameter must be
+        filled exactly once, so a wrong or partial checkpoint fails here, not later."""
+        cfg = self.config
+        filled: set[str] = set()
+        q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        inter = cfg.intermediate_size
+        qkv_rows = {"q_proj": (0, q), "k_proj": (q, q + kv), "v_proj": (q + kv, q + 2 * kv)}
+        gate_rows = {"gate_proj": (0, inter), "up_proj": (inter, 2 * inter)}
+        layer_re = re.compile(r"model\.layers\.(\d+)\.(self_attn|mlp)?\.?(\w+)\.(weight|bias)$")
+
+        def put(key: str, target: torch.Tensor | None, tensor: torch.Tensor, rows: tuple[int, int] | None = None) -> None:
+            if target is None:
+                raise ValueError(f"checkpoint tensor {name!r} has no place in a {cfg.architecture} with this config")
+            dest = target if rows is None else target[rows[0] : rows[1]]
+            if tuple(dest.shape) != tuple(tensor.shape):
+                raise ValueError(f"{name}: checkpoint shape {tuple(tensor.shape)} != expected {tuple(dest.shape)}")
+            with torch.no_grad():
+                dest.copy_(tensor)
+            filled.add(key)
+
+        for name, tensor in weights:
+            if name.endswith("rotary_emb.inv_freq"):
+                continue
+            if name == "model.embed_tokens.weight":
+                put("embed", self.embed_tokens, tensor)
+            elif name == "model.norm.weight":
+                put("norm", self.norm, tensor)
+            elif name == "lm_head.weight":
+                if not cfg.tie_word_embeddings:
+                    put("lm_head", self.lm_head, tensor)
+            elif m := layer_re.match(name):
+                i, _, mod, kind = int(m.group(1)), m.group(2), m.group(3), m.group(4)
+                if i >= len(self.layers):
+                    raise ValueError(f"checkpoint tensor {name!r}: the config has only {len(self.layers)} layers")
+                layer = self.layers[i]
+                key = f"{i}.{mod}.{kind}"
+                if mod in qkv_rows:
+                    put(key, layer.qkv_proj if kind == "weight" else layer.qkv_bias, tensor, qkv_rows[mod])
+                elif mod in gate_rows:
+                    put(key, layer.gate_up_proj if kind == "weight" else layer.gate_up_bias, tensor, gate_rows[mod])
+                elif mod == "o_proj":
+                    put(key, layer.o_proj if kind == "weight" else layer.o_bias, tensor)
+                elif mod == "down_proj":
+                    put(key, layer.down_proj if kind == "weight" else layer.down_bias, tensor)
+                elif mod in ("input_layernorm", "post_attention_layernorm", "q_norm", "k_norm") and kind == "weight":
+                    put(key, getattr(layer, mod), tensor)
+                else:
+                    raise ValueError(f"unexpected checkpoint tensor {name!r}")
+            else:
+                raise ValueError(f"unexpected checkpoint tensor {name!r}")
+
+        missing = sorted(set(self._expected_keys()) - filled)
+        if missing:
+            shown = ", ".join(missing[:6]) + (" ..." if len(missing) > 6 else "")
+            raise ValueError(f"checkpoint is missing {len(missing)} tensors: {shown}")
+
+    def _expected_keys(self) -> list[str]:
+        cfg = self.config
+        keys = ["embed", "norm"] + ([] if cfg.tie_word_embeddings else ["lm_head"])
+        for i in range(cfg.num_layers):
+            mods = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
+                    "input_layernorm", "post_attention_layernorm"]
+            if cfg.qk_norm:
+                mods += ["q_norm", "k_norm"]
+            keys += [f"{i}.{m}.weight" for m in mods]
+            if cfg.attention_bias:
+                keys += [f"{i}.{m}.bias" for m in ("q_proj", "k_proj", "v_proj")]
+            if cfg.o_proj_bias:
+                keys.append(f"{i}.o_proj.bias")
+            if cfg.mlp_bias:
+                keys += [f"{i}.{m}.bias" for m in ("gate_proj", "up_proj", "down_proj")]
+        return keys

@@ -1,0 +1,80 @@
+"""A minimal paged-cache driver for model tests: it plays the model runner's part
+(block tables, slot mapping, AttentionMetadata) without the scheduler, so model
+and backend can be checked on their own."""
+from __future__ import annotations
+
+import random
+
+import torch
+
+from gpuworker.attention.base import AttentionBackend, AttentionMetadata
+
+
+def build_metadata(
+    chunks: list[tuple[int, int]],  # per sequence: (context_len, query_len)
+    tables: list[list[int]],
+    block_size: int,
+    device: torch.device | str = "cpu",
+) -> tuple[AttentionMetadata, torch.Tensor]:
+    """Return (metadata, positions) for one step."""
+    slots, positions, qsl, seq_lens, ctx_lens = [], [], [0], [], []
+    for (ctx, q_len), table in zip(chunks, tables):
+        for pos in range(ctx, ctx + q_len):
+            slots.append(table[pos // block_size] * block_size + pos % block_size)
+            positions.append(pos)
+        qsl.append(qsl[-1] + q_len)
+        seq_lens.append(ctx + q_len)
+        ctx_lens.append(ctx)
+    width = max(len(t) for t in tables)
+    bt = torch.zeros(len(tables), width, dtype=torch.int32)
+    for i, t in enumerate(tables):
+        bt[i, : len(t)] = torch.tensor(t, dtype=torch.int32)
+    q_lens = [q for _, q in chunks]
+    meta = AttentionMetadata(
+        slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
+        query_start_loc=torch.tensor(qsl, dtype=torch.int32, device=device),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
+        context_lens=torch.tensor(ctx_lens, dtype=torch.int32, device=device),
+        block_tables=bt.to(device),
+        max_query_len=max(q_lens),
+        max_seq_len=max(seq_lens),
+        block_size=block_size,
+        query_lens_cpu=q_lens,
+        seq_lens_cpu=seq_lens,
+    )
+    return meta, torch.tensor(positions, dtype=torch.int64, device=device)
+
+
+class PagedDriver:
+    """Feeds token chunks of several sequences through a model over a paged cache.
+    Blocks are handed out in shuffled order so block tables are never contiguous."""
+
+    def __init__(self, model, backend: AttentionBackend, block_size: int = 16, num_blocks: int = 256, seed: int = 0):
+        cfg = model.config
+        self.model = model
+        self.block_size = block_size
+        self.kv = backend.allocate_kv_cache(
+            cfg.num_layers, num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim, model.dtype, torch.device("cpu")
+        )
+        self.free = list(range(num_blocks))
+        random.Random(seed).shuffle(self.free)
+        self.tables: dict[int, list[int]] = {}
+        self.cached: dict[int, int] = {}
+
+    def step(self, work: list[tuple[int, list[int]]]) -> list[torch.Tensor]:
+        """work: (sequence id, new token ids) per sequence. Returns fp32 logits
+        [len(new tokens), vocab] for each sequence, in order."""
+        chunks, tables, ids = [], [], []
+        for sid, tokens in work:
+            ctx = self.cached.get(sid, 0)
+            table = self.tables.setdefault(sid, [])
+            while len(table) * self.block_size < ctx + len(tokens):
+                table.append(self.free.pop())
+            chunks.append((ctx, len(tokens)))
+            tables.append(table)
+            ids += tokens
+            self.cached[sid] = ctx + len(tokens)
+        meta, positions = build_metadata(chunks, tables, self.block_size)
+        hidden = self.model(torch.tensor(ids, dtype=torch.int64), positions, self.kv, meta)
+        logits = self.model.compute_logits(hidden)
+        return list(logits.split([q for _, q in chunks]))
