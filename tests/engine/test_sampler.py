@@ -1,0 +1,278 @@
+"""Sampler: greedy, truncation, sampling statistics, seeds, penalties, logprobs."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from gpuworker.engine.sampler import Sampler, SamplingRow, make_generator
+from schemas import SamplingParams
+
+torch.set_num_threads(1)
+sampler = Sampler()
+
+
+def row(prompt=(1, 2), output=(), generator=None, **kw) -> SamplingRow:
+    return SamplingRow(SamplingParams(**kw), list(prompt), list(output), generator)
+
+
+def random_logits(n: int, vocab: int = 500, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, vocab, generator=g) * 3
+
+
+def counts_of(tokens: list[int], vocab: int) -> torch.Tensor:
+    return torch.bincount(torch.tensor(tokens), minlength=vocab).double()
+
+
+def assert_frequencies(tokens: list[int], expected: torch.Tensor) -> None:
+    """Each token's frequency within 5 standard deviations of a binomial."""
+    n = len(tokens)
+    got = counts_of(tokens, expected.numel()) / n
+    sd = torch.sqrt(expected * (1 - expected) / n)
+    bound = 5 * sd + 1e-9  # zero-probability tokens must never appear
+    assert torch.all((got - expected).abs() <= bound), (got, expected)
+
+
+# ----------------------------------------------------------------------- greedy
+def test_greedy_is_argmax_of_whole_batch():
+    logits = random_logits(8)
+    out = sampler(logits, [row(temperature=0.0) for _ in range(8)])
+    assert out.token_ids == logits.argmax(-1).tolist()
+    assert out.logprobs == [None] * 8
+
+
+def test_greedy_rows_in_a_mixed_batch_stay_exact_argmax():
+    logits = random_logits(6, seed=1)
+    rows = [row(temperature=0.0) if i % 2 == 0 else row(temperature=1.5, top_p=0.9) for i in range(6)]
+    out = sampler(logits, rows)
+    argmax = logits.argmax(-1).tolist()
+    assert [out.token_ids[i] for i in (0, 2, 4)] == [argmax[i] for i in (0, 2, 4)]
+
+
+def test_top_k_one_equals_greedy():
+    logits = random_logits(16, seed=2)
+    torch.manual_seed(0)
+    out = sampler(logits, [row(temperature=2.0, top_k=1) for _ in range(16)])
+    assert out.token_ids == logits.argmax(-1).tolist()
+
+
+def test_tiny_top_p_equals_greedy():
+    logits = random_logits(16, seed=3)
+    torch.manual_seed(0)
+    out = sampler(logits, [row(temperature=1.0, top_p=1e-6) for _ in range(16)])
+    assert out.token_ids == logits.argmax(-1).tolist()
+
+
+def test_sampler_does_not_modify_callers_logits():
+    logits = random_logits(3, seed=4)
+    before = logits.clone()
+    sampler(logits, [row(temperature=0.7, repetition_penalty=1.5, frequency_penalty=1.0, top_k=5) for _ in range(3)])
+    assert torch.equal(logits, before)
+
+
+def test_shape_mismatch_is_a_clear_error():
+    with pytest.raises(ValueError, match="one row per SamplingRow"):
+        sampler(random_logits(3), [row()])
+
+
+# --------------------------------------------------------------- distributions
+DRAWS = 20_000
+
+
+def draw_many(logits_row: torch.Tensor, **kw) -> list[int]:
+    torch.manual_seed(1234)
+    batch = logits_row.expand(DRAWS, -1).contiguous()
+    one = row(**kw)  # rows are read-only to the sampler: one object serves every draw
+    return sampler(batch, [one] * DRAWS).token_ids
+
+
+BASE = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, -3.0])
+
+
+def test_temperature_sampling_follows_softmax():
+    for temp in (0.5, 1.0, 1.7):
+        tokens = draw_many(BASE, temperature=temp)
+        assert_frequencies(tokens, torch.softmax(BASE.double() / temp, -1))
+
+
+def test_top_k_keeps_exactly_k_and_renormalises():
+    tokens = draw_many(BASE, temperature=1.0, top_k=3)
+    expected = torch.softmax(BASE.double(), -1)
+    expected[3:] = 0
+    assert_frequencies(tokens, expected / expected.sum())
+    assert set(tokens) == {0, 1, 2}
+
+
+def test_top_p_keeps_the_smallest_nucleus_reaching_p():
+    probs = torch.softmax(BASE.double(), -1)  # ~[.55, .20, .12, .07, .03, .00]
+    # top_p just above the first two probabilities' sum: the third is needed too.
+    p = float(probs[:2].sum()) + 0.01
+    tokens = draw_many(BASE, temperature=1.0, top_p=p)
+    expected = probs.clone()
+    expected[3:] = 0
+    assert_frequencies(tokens, expected / expected.sum())
+    assert set(tokens) == {0, 1, 2}
+
+
+def test_min_p_drops_tokens_below_fraction_of_best():
+    probs = torch.softmax(BASE.double(), -1)
+    min_p = 0.3  # keeps tokens with p >= 0.3 * p_max: ids 0 and 1 (0.37) but not 2 (0.22)
+    assert probs[1] >= min_p * probs[0] > probs[2]
+    tokens = draw_many(BASE, temperature=1.0, min_p=min_p)
+    expected = probs.clone()
+    expected[2:] = 0
+    assert_frequencies(tokens, expected / expected.sum())
+
+
+def test_top_k_then_top_p_apply_in_that_order():
+    # After top-k=2 the renormalised pair is ~[.73, .27]; top_p=0.7 then keeps
+    # only the first. (top-p first would have kept two tokens.)
+    tokens = draw_many(BASE, temperature=1.0, top_k=2, top_p=0.7)
+    assert set(tokens) == {0}
+
+
+# ----------------------------------------------------------------------- seeds
+def seeded_run(seed: int, steps: int = 30, neighbours: int = 0, position: int = 0) -> list[int]:
+    """Sample ``steps`` tokens for one seeded request placed among neighbours.
+
+    The request's own logits are the same in every run; the neighbours (half
+    seeded, half on the global RNG) get logits that differ from run to run.
+    """
+    gen = make_generator(seed)
+    others = [make_generator(1000 + k) if k % 2 else None for k in range(neighbours)]
+    got = []
+    for step in range(steps):
+        logits = random_logits(neighbours + 1, vocab=300, seed=10_000 * (neighbours + 1) + step)
+        logits[position] = random_logits(1, vocab=300, seed=step)[0]
+        rows = [row(temperature=1.0, generator=g) for g in others]
+        rows.insert(position, row(temperature=1.0, seed=seed, generator=gen))
+        got.append(sampler(logits, rows).token_ids[position])
+    return got
+
+
+def test_same_seed_same_tokens_on_rerun():
+    assert seeded_run(7) == seeded_run(7)
+
+
+def test_different_seeds_differ():
+    assert seeded_run(7) != seeded_run(8)
+
+
+def test_seeded_row_independent_of_batch_neighbours():
+    alone = seeded_run(42)
+    assert seeded_run(42, neighbours=5, position=3) == alone
+    torch.manual_seed(999)  # the global RNG state must not matter either
+    assert seeded_run(42, neighbours=2, position=0) == alone
+
+
+def test_make_generator_without_seed_is_none():
+    assert make_generator(None) is None
+    assert isinstance(make_generator(3), torch.Generator)
+
+
+# ------------------------------------------------------------------- penalties
+RAW = torch.tensor([[2.0, -1.0, 0.5, 3.0, -2.0]])
+
+
+def penalised_logprobs(**kw) -> dict[int, float]:
+    out = sampler(RAW.clone(), [row(prompt=[0], output=[1, 1, 2], temperature=0.0, logprobs=5, **kw)])
+    return out.logprobs[0]
+
+
+def assert_logprobs_of(got: dict[int, float], logits: list[float]) -> None:
+    want = torch.log_softmax(torch.tensor(logits, dtype=torch.float64), -1)
+    for tid, lp in got.items():
+        assert lp == pytest.approx(float(want[tid]), abs=1e-5)
+    assert set(got) == set(range(len(logits)))
+
+
+def test_repetition_penalty_divides_positive_multiplies_negative():
+    # Seen tokens: 0 (prompt), 1 and 2 (output). 3 and 4 were never seen.
+    got = penalised_logprobs(repetition_penalty=2.0)
+    assert_logprobs_of(got, [1.0, -2.0, 0.25, 3.0, -2.0])
+
+
+def test_frequency_penalty_scales_with_output_count_only():
+    got = penalised_logprobs(frequency_penalty=0.5)
+    # Prompt token 0 is untouched; token 1 appeared twice, token 2 once.
+    assert_logprobs_of(got, [2.0, -2.0, 0.0, 3.0, -2.0])
+
+
+def test_presence_penalty_is_flat_for_any_output_token():
+    got = penalised_logprobs(presence_penalty=0.3)
+    assert_logprobs_of(got, [2.0, -1.3, 0.2, 3.0, -2.0])
+
+
+def test_all_penalties_compose_repetition_first():
+    got = penalised_logprobs(repetition_penalty=2.0, frequency_penalty=0.5, presence_penalty=0.3)
+    assert_logprobs_of(got, [1.0, -2.0 - 1.0 - 0.3, 0.25 - 0.5 - 0.3, 3.0, -2.0])
+
+
+def test_penalty_changes_the_greedy_choice():
+    logits = torch.tensor([[5.0, 4.0, 0.0]])
+    assert sampler(logits, [row(output=[0], temperature=0.0)]).token_ids == [0]
+    assert sampler(logits, [row(output=[0], temperature=0.0, frequency_penalty=2.0)]).token_ids == [1]
+    assert sampler(logits, [row(prompt=[0], temperature=0.0, repetition_penalty=1.5)]).token_ids == [1]
+
+
+def test_penalties_apply_only_to_rows_that_ask():
+    logits = RAW.expand(2, -1).contiguous()
+    rows = [
+        row(prompt=[0], output=[1, 1, 2], temperature=0.0, logprobs=5, frequency_penalty=0.5),
+        row(prompt=[0], output=[1, 1, 2], temperature=0.0, logprobs=5),
+    ]
+    out = sampler(logits, rows)
+    assert_logprobs_of(out.logprobs[0], [2.0, -2.0, 0.0, 3.0, -2.0])
+    assert_logprobs_of(out.logprobs[1], RAW[0].tolist())
+
+
+# -------------------------------------------------------------------- logprobs
+def test_logprobs_are_sorted_top_n_log_softmax():
+    logits = random_logits(4, vocab=200, seed=9)
+    out = sampler(logits, [row(temperature=0.0, logprobs=n) for n in (1, 3, 5, 20)])
+    ref = torch.log_softmax(logits.double(), -1)
+    for i, n in enumerate((1, 3, 5, 20)):
+        d = out.logprobs[i]
+        assert len(d) == n
+        values = list(d.values())
+        assert values == sorted(values, reverse=True)
+        assert list(d) == ref[i].topk(n).indices.tolist()
+        for tid, lp in d.items():
+            assert lp == pytest.approx(float(ref[i, tid]), abs=1e-5)
+        assert out.token_ids[i] in d
+
+
+def test_logprobs_zero_gives_only_the_sampled_token():
+    logits = random_logits(2, vocab=50, seed=10)
+    out = sampler(logits, [row(temperature=0.0, logprobs=0), row(temperature=0.0)])
+    assert list(out.logprobs[0]) == [out.token_ids[0]]
+    assert out.logprobs[1] is None
+
+
+def test_sampled_token_outside_top_n_is_included():
+    # Flat-ish logits at high temperature: the sampled token is rarely the best.
+    logits = random_logits(32, vocab=100, seed=11) * 0.1
+    rows = [row(temperature=2.0, logprobs=2, seed=s, generator=make_generator(s)) for s in range(32)]
+    out = sampler(logits, rows)
+    ref = torch.log_softmax(logits.double(), -1)
+    outside = 0
+    for i, d in enumerate(out.logprobs):
+        top2 = ref[i].topk(2).indices.tolist()
+        tok = out.token_ids[i]
+        assert tok in d and d[tok] == pytest.approx(float(ref[i, tok]), abs=1e-5)
+        assert list(d)[:2] == top2
+        if tok not in top2:
+            outside += 1
+            assert len(d) == 3
+    assert outside > 0
+
+
+def test_logprobs_are_before_temperature():
+    logits = random_logits(1, vocab=30, seed=12)
+    out = sampler(logits, [row(temperature=0.3, logprobs=3, seed=1, generator=make_generator(1))])
+    ref = torch.log_softmax(logits.double(), -1)[0]
+    for tid, lp in out.logprobs[0].items():
+        assert lp == pytest.approx(float(ref[tid]), abs=1e-5)
+    assert math.isfinite(sum(out.logprobs[0].values()))
