@@ -1,0 +1,112 @@
+"""CLI commands that run a process or follow one job: worker, gateway, submit,
+stream, cancel."""
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+from producer.cli_common import err, friendly_errors, out, producer
+
+
+def run_worker(argv: list[str]) -> int:
+    """`inferq worker ...`: the worker's own CLI (imports torch, so only here)."""
+    try:
+        from gpuworker.service.cli import main as worker_main
+    except ImportError as e:
+        err.print(f"[red]error:[/red] the worker needs the worker extra (torch etc.): pip install 'inferq[worker]' ({e})")
+        return 1
+    rc = worker_main(argv)
+    return int(rc or 0)
+
+
+def run_gateway(args) -> int:
+    from producer.gateway import serve
+    from producer.gateway.config import GatewaySettings
+
+    overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
+    settings = GatewaySettings(**overrides)
+    serve(settings, log_level=args.log_level)
+    return 0
+
+
+def _sampling(args) -> dict:
+    s = {"max_tokens": args.max_tokens, "temperature": args.temperature}
+    if args.top_p is not None:
+        s["top_p"] = args.top_p
+    if args.seed is not None:
+        s["seed"] = args.seed
+    if args.stop:
+        s["stop"] = args.stop
+    return s
+
+
+@friendly_errors
+def cmd_submit(args) -> int:
+    p = producer()
+    kw = {"sampling": _sampling(args), "model": args.model, "priority": args.priority}
+    if args.chat or args.system:
+        messages = ([{"role": "system", "content": args.system}] if args.system else [])
+        messages.append({"role": "user", "content": args.prompt})
+        h = p.submit(messages=messages, **kw)
+    else:
+        h = p.submit(args.prompt, **kw)
+    if args.detach:
+        print(h.id)
+        return 0
+    err.print(f"[dim]job {h.id}[/dim]")
+    for piece in h.text(timeout=args.timeout):
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+    sys.stdout.write("\n")
+    r = h.result(timeout=args.timeout)
+    ttft = f"{r.timings.ttft:.3f}s" if r.timings.ttft is not None else "-"
+    err.print(f"[dim]finish={r.finish_reason} prompt_tokens={r.usage.prompt_tokens} "
+              f"completion_tokens={r.usage.completion_tokens} queue={r.timings.queue:.3f}s ttft={ttft} "
+              f"total={r.timings.total:.3f}s[/dim]")
+    return 0
+
+
+@friendly_errors
+def cmd_stream(args) -> int:
+    p = producer()
+    h = p.job(args.job_id)
+    shown_attempt = None
+    for entry_id, ev in h.stream(last_id=args.last_id):
+        if args.events:
+            out.print(json.dumps({"id": entry_id, **ev.model_dump(mode="json")}), markup=False)
+            continue
+        if ev.type == "restarted" or (shown_attempt is not None and ev.attempt != shown_attempt):
+            err.print(f"\n[yellow]-- restarted (attempt {ev.attempt}); output starts over --[/yellow]")
+        shown_attempt = ev.attempt
+        if ev.type == "delta":
+            sys.stdout.write(ev.text)
+            sys.stdout.flush()
+        elif ev.type == "done":
+            sys.stdout.write("\n")
+            err.print(f"[dim]finish={ev.finish_reason} completion_tokens={ev.usage.completion_tokens}[/dim]")
+        elif ev.type == "error":
+            err.print(f"\n[red]error[/red] [{ev.code}] {ev.message}")
+            return 1
+    return 0
+
+
+@friendly_errors
+def cmd_cancel(args) -> int:
+    p = producer()
+    h = p.job(args.job_id)
+    was_running = h.cancel()
+    if was_running:
+        out.print(f"cancel requested for job {args.job_id}")
+    else:
+        out.print(f"job {args.job_id} had already finished ({h.status().get('status')})")
+    return 0
+
+
+def wait_until(pred, timeout: float, interval: float = 0.2) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if pred():
+            return True
+        time.sleep(interval)
+    return pred()

@@ -1,0 +1,111 @@
+"""The gateway's side of Redis: admit jobs, read reply streams, cancel, look up
+workers. Async, one connection pool per app."""
+from __future__ import annotations
+
+import time
+from typing import AsyncIterator, Optional
+
+import anyio
+
+from schemas import Job, decode_event, keys
+from producer.admission import ADMISSION_LUA, Admitted, interpret, script_args, script_keys
+from producer.queue_stats import ModelQueueStats, all_stats, model_of
+from producer.settings import ProducerSettings, async_client, sync_client
+
+from producer.gateway.assemble import Assembly
+
+
+def _s(v) -> str:
+    return v.decode("utf-8") if isinstance(v, bytes) else str(v)
+
+
+class Backend:
+    def __init__(self, settings: ProducerSettings):
+        self.settings = settings
+        self.redis = async_client(settings)
+        self._admit = self.redis.register_script(ADMISSION_LUA)
+        self._models_cache: tuple[float, list[str]] = (0.0, [])
+
+    async def close(self) -> None:
+        await self.redis.aclose()
+
+    async def ping(self) -> bool:
+        try:
+            return bool(await self.redis.ping())
+        except Exception:
+            return False
+
+    # -- jobs -----------------------------------------------------------
+    async def submit(self, job: Job, idempotency_key: Optional[str] = None) -> Admitted:
+        """Admission + enqueue in one Lua step; raises QueueFull / RateLimited."""
+        reply = await self._admit(keys=script_keys(job, idempotency_key),
+                                  args=script_args(job, idempotency_key, self.settings))
+        return interpret(reply, job, self.settings)
+
+    async def info(self, job_id: str) -> Optional[dict[str, str]]:
+        raw = await self.redis.hgetall(keys.job_info(job_id))
+        if not raw:
+            # The info hash may have expired while the reply stream lives on.
+            if not await self.redis.exists(keys.reply(job_id)):
+                return None
+            return {}
+        return {_s(k): _s(v) for k, v in raw.items()}
+
+    async def cancel(self, job_id: str) -> None:
+        # The worker checks this key once per step (and at intake); the TTL
+        # outlives any job so a late intake still sees it.
+        await self.redis.set(keys.cancel(job_id), "1", ex=self.settings.reply_ttl)
+
+    async def events(self, job_id: str, last_id: str = "0-0", block_ms: int = 1000,
+                     count: int = 256) -> AsyncIterator[tuple[Optional[str], object]]:
+        """Yield (entry id, event) from ``last_id`` on; (None, None) after each
+        idle ``block_ms`` so callers can send keepalives and notice disconnects.
+        Ends after the terminal event."""
+        stream = keys.reply(job_id)
+        while True:
+            got = await self.redis.xread({stream: last_id}, count=count, block=block_ms)
+            if not got:
+                yield None, None
+                continue
+            for entry_id, fields in got[0][1]:
+                last_id = _s(entry_id)
+                event = decode_event(fields)
+                yield last_id, event
+                if event.type in ("done", "error"):
+                    return
+
+    async def history(self, job_id: str) -> Assembly:
+        asm = Assembly()
+        for _, fields in await self.redis.xrange(keys.reply(job_id)):
+            asm.feed(decode_event(fields))
+        return asm
+
+    # -- models and workers ---------------------------------------------
+    async def live_worker_count(self, model: str) -> int:
+        cutoff = time.time() - self.settings.worker_stale_seconds
+        return int(await self.redis.zcount(keys.workers(model), cutoff, "+inf"))
+
+    async def known_models(self, max_age_s: float = 2.0) -> list[str]:
+        """Every model a worker has ever registered (cached briefly: SCAN is not free)."""
+        at, models = self._models_cache
+        if time.monotonic() - at < max_age_s:
+            return models
+        found = set()
+        async for key in self.redis.scan_iter(match=f"{keys.PREFIX}:workers:*", count=500):
+            m = model_of(_s(key))
+            if m:
+                found.add(m)
+        models = sorted(found)
+        self._models_cache = (time.monotonic(), models)
+        return models
+
+    async def queue_stats(self) -> list[ModelQueueStats]:
+        # The stats reader is synchronous (shared with the CLI); run it off the loop.
+        def read():
+            r = sync_client(self.settings)
+            try:
+                return all_stats(r, self.settings.worker_stale_seconds)
+            finally:
+                r.close()
+
+        return await anyio.to_thread.run_sync(read)

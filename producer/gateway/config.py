@@ -1,0 +1,75 @@
+"""Gateway configuration from the environment (INFERQ_GATEWAY_*).
+
+The Redis URL itself comes from INFERQ_REDIS_URL like every other part of inferq.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEFAULT_REDIS_URL = "redis://localhost:6379/0"
+
+
+def redis_url_from_env() -> str:
+    return os.environ.get("INFERQ_REDIS_URL") or DEFAULT_REDIS_URL
+
+
+class GatewaySettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="INFERQ_GATEWAY_", extra="ignore")
+
+    redis_url: str = Field(default_factory=redis_url_from_env)
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=0, le=65535)
+    # Comma-separated "key" or "key:tenant" entries; empty = no authentication.
+    api_keys: str = ""
+    # Same format, one entry per line (lets secrets live in a mounted file).
+    api_keys_file: Optional[str] = None
+    max_body_bytes: int = Field(1_048_576, ge=1024)
+    max_prompt_chars: int = Field(200_000, ge=1)
+    max_prompt_tokens: int = Field(32_768, ge=1)
+    max_tokens_cap: int = Field(4096, ge=1)
+    # Used when a chat request leaves max_tokens unset.
+    default_max_tokens: int = Field(512, ge=1)
+    # A worker whose last heartbeat is older than this is considered dead.
+    worker_stale_s: float = Field(30.0, gt=0)
+    # Jobs from OpenAI routes get this deadline, so an abandoned request cannot
+    # occupy a worker forever.
+    request_timeout_s: float = Field(600.0, gt=0)
+    # Optional allow-list of served model names (comma-separated); empty = any
+    # model a worker has registered.
+    models: str = ""
+    # SSE comment sent when a stream is idle, so proxies keep the connection.
+    keepalive_s: float = Field(15.0, gt=0)
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who is calling. ``tenant`` None means unrestricted (no keys, or a key without tenant)."""
+
+    tenant: Optional[str] = None
+
+
+def parse_api_keys(settings: GatewaySettings) -> dict[str, Principal]:
+    entries = [e for e in settings.api_keys.split(",")]
+    if settings.api_keys_file:
+        entries += Path(settings.api_keys_file).read_text().splitlines()
+    keys: dict[str, Principal] = {}
+    for raw in entries:
+        raw = raw.strip()
+        if not raw or raw.startswith("#"):
+            continue
+        key, _, tenant = raw.partition(":")
+        key, tenant = key.strip(), tenant.strip()
+        if not key:
+            raise ValueError("an API key entry has an empty key")
+        keys[key] = Principal(tenant=tenant or None)
+    return keys
+
+
+def allowed_models(settings: GatewaySettings) -> list[str]:
+    return [m.strip() for m in settings.models.split(",") if m.strip()]

@@ -1,0 +1,32 @@
+"""/health (Redis reachable, live workers per model) and /metrics."""
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from producer.gateway.config import allowed_models
+from producer.gateway.runner import ctx_of
+
+router = APIRouter()
+
+
+@router.get("/health")
+async def health(request: Request):
+    ctx = ctx_of(request)
+    if not await ctx.backend.ping():
+        return JSONResponse({"status": "unavailable", "redis": False, "models": {}}, status_code=503)
+    names = sorted(set(allowed_models(ctx.settings)) | set(await ctx.backend.known_models(max_age_s=0)))
+    models = {m: {"live_workers": await ctx.backend.live_worker_count(m)} for m in names}
+    serving = any(v["live_workers"] > 0 for v in models.values())
+    return {"status": "ok" if serving else "no_workers", "redis": True, "models": models}
+
+
+@router.get("/metrics")
+async def metrics(request: Request):
+    ctx = ctx_of(request)
+    try:
+        ctx.metrics.set_queue_stats(await ctx.backend.queue_stats())
+    except Exception:
+        pass  # Redis down: still export the gateway's own counters
+    return Response(generate_latest(ctx.metrics.registry), media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,81 @@
+"""Gateway metrics (Prometheus), one registry per app so several apps can live
+in one process (tests). Queue gauges are read from Redis at scrape time."""
+from __future__ import annotations
+
+import re
+import time
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+# vLLM's TTFT buckets (seconds).
+_TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+_JOB_PATH = re.compile(r"^/v1/jobs/[^/]+")
+
+
+class GatewayMetrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.requests = Counter("inferq_gateway_requests_total", "HTTP requests by route and status",
+                                ["route", "method", "status"], registry=r)
+        self.latency = Histogram("inferq_gateway_request_duration_seconds",
+                                 "Time to the response head (streams: to the first byte)",
+                                 ["route"], buckets=_TTFT_BUCKETS, registry=r)
+        self.ttft = Histogram("inferq_gateway_time_to_first_token_seconds",
+                              "Streamed requests: admission to first content chunk", buckets=_TTFT_BUCKETS,
+                              registry=r)
+        self.active_streams = Gauge("inferq_gateway_active_streams", "Open OpenAI streams", registry=r)
+        self.jobs_submitted = Counter("inferq_gateway_jobs_submitted_total", "Jobs admitted", ["route"], registry=r)
+        self.rejected = Counter("inferq_gateway_rejected_total", "Jobs refused at admission", ["reason"],
+                                registry=r)
+        self.cancelled_on_disconnect = Counter("inferq_gateway_cancelled_total",
+                                               "Jobs cancelled because their client went away", registry=r)
+        self.queue_depth = Gauge("inferq_queue_depth", "Jobs on the stream (waiting + in flight)", ["model"],
+                                 registry=r)
+        self.queue_waiting = Gauge("inferq_queue_waiting", "Jobs not yet delivered to a worker (lag)", ["model"],
+                                   registry=r)
+        self.queue_pending = Gauge("inferq_queue_pending", "Jobs delivered and not acked", ["model"], registry=r)
+        self.queue_oldest = Gauge("inferq_queue_oldest_waiting_seconds", "Age of the oldest undelivered job",
+                                  ["model"], registry=r)
+        self.dlq = Gauge("inferq_dlq_size", "Entries in the dead-letter stream", ["model"], registry=r)
+        self.workers = Gauge("inferq_workers_alive", "Workers with a fresh heartbeat", ["model"], registry=r)
+
+    def set_queue_stats(self, stats) -> None:
+        for g in (self.queue_depth, self.queue_waiting, self.queue_pending, self.queue_oldest, self.dlq, self.workers):
+            g.clear()
+        for s in stats:
+            self.queue_depth.labels(s.model).set(s.depth)
+            self.queue_waiting.labels(s.model).set(s.waiting)
+            self.queue_pending.labels(s.model).set(s.pending)
+            self.queue_oldest.labels(s.model).set(s.oldest_waiting_s or 0.0)
+            self.dlq.labels(s.model).set(s.dlq)
+            self.workers.labels(s.model).set(s.workers_alive)
+
+
+def route_label(path: str) -> str:
+    if path.startswith("/v1/jobs/"):
+        return _JOB_PATH.sub("/v1/jobs/{id}", path)
+    return path if path in ("/v1/completions", "/v1/chat/completions", "/v1/models", "/v1/jobs",
+                            "/health", "/metrics") else "other"
+
+
+class RequestMetrics:
+    """Pure ASGI (not BaseHTTPMiddleware, which breaks disconnect detection of streams)."""
+
+    def __init__(self, app, metrics: GatewayMetrics):
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        route = route_label(scope.get("path", ""))
+        start = time.monotonic()
+
+        async def timed_send(message):
+            if message["type"] == "http.response.start":
+                self.metrics.requests.labels(route, scope.get("method", ""), str(message["status"])).inc()
+                self.metrics.latency.labels(route).observe(time.monotonic() - start)
+            await send(message)
+
+        await self.app(scope, receive, timed_send)

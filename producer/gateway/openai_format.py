@@ -1,0 +1,130 @@
+"""OpenAI response and stream-chunk bodies built from a job's output.
+
+The gateway has no tokenizer, so logprob tokens are named "token_id:<id>"
+(the same convention as vLLM's --return-tokens-as-token-ids).
+"""
+from __future__ import annotations
+
+import time
+from typing import Optional
+
+from producer.gateway.assemble import Assembly, Piece
+
+
+def token_name(token_id: int) -> str:
+    return f"token_id:{token_id}"
+
+
+def _top(entry: dict, n: int) -> list[tuple[int, float]]:
+    items = sorted(((int(k), float(v)) for k, v in entry.items()), key=lambda kv: -kv[1])
+    return items[:n]
+
+
+def usage_body(usage: Optional[dict]) -> dict:
+    u = usage or {}
+    prompt, completion = int(u.get("prompt_tokens", 0)), int(u.get("completion_tokens", 0))
+    body = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    if u.get("cached_tokens"):
+        body["prompt_tokens_details"] = {"cached_tokens": int(u["cached_tokens"])}
+    return body
+
+
+# -- completions --------------------------------------------------------------
+def completion_logprobs(token_ids: list[int], logprobs: Optional[list[dict]], n: int, text_offset: int) -> Optional[dict]:
+    if logprobs is None:
+        return None
+    tokens, chosen, tops, offsets = [], [], [], []
+    for tid, entry in zip(token_ids, logprobs):
+        tokens.append(token_name(tid))
+        chosen.append(float(entry.get(tid, entry.get(str(tid), 0.0))))
+        tops.append({token_name(k): v for k, v in _top(entry, n)})
+        offsets.append(text_offset)
+    return {"tokens": tokens, "token_logprobs": chosen, "top_logprobs": tops, "text_offset": offsets}
+
+
+def completion_response(job_id: str, model: str, asm: Assembly, prefix: str, logprobs_n: Optional[int]) -> dict:
+    return {
+        "id": f"cmpl-{job_id}",
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [{
+            "index": 0,
+            "text": prefix + asm.text,
+            "logprobs": completion_logprobs(asm.token_ids, asm.logprobs if logprobs_n is not None else None,
+                                            logprobs_n or 0, len(prefix)),
+            "finish_reason": asm.finish_reason,
+        }],
+        "usage": usage_body(asm.usage),
+    }
+
+
+def completion_chunk(job_id: str, model: str, created: int, text: str, finish_reason: Optional[str] = None,
+                     logprobs: Optional[dict] = None, include_usage: bool = False) -> dict:
+    chunk = {
+        "id": f"cmpl-{job_id}", "object": "text_completion", "created": created, "model": model,
+        "choices": [{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}],
+    }
+    if include_usage:
+        chunk["usage"] = None
+    return chunk
+
+
+def completion_usage_chunk(job_id: str, model: str, created: int, usage: Optional[dict]) -> dict:
+    return {"id": f"cmpl-{job_id}", "object": "text_completion", "created": created, "model": model,
+            "choices": [], "usage": usage_body(usage)}
+
+
+# -- chat ---------------------------------------------------------------------
+def chat_logprobs(token_ids: list[int], logprobs: Optional[list[dict]], n: int) -> Optional[dict]:
+    if logprobs is None:
+        return None
+    content = []
+    for tid, entry in zip(token_ids, logprobs):
+        content.append({
+            "token": token_name(tid),
+            "logprob": float(entry.get(tid, entry.get(str(tid), 0.0))),
+            "bytes": None,
+            "top_logprobs": [{"token": token_name(k), "logprob": v, "bytes": None} for k, v in _top(entry, n)],
+        })
+    return {"content": content}
+
+
+def chat_response(job_id: str, model: str, asm: Assembly, logprobs_n: Optional[int]) -> dict:
+    return {
+        "id": f"chatcmpl-{job_id}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [{
+            "index": 0,
+            "message": {"role": "assistant", "content": asm.text},
+            "logprobs": chat_logprobs(asm.token_ids, asm.logprobs, logprobs_n or 0) if logprobs_n is not None else None,
+            "finish_reason": asm.finish_reason,
+        }],
+        "usage": usage_body(asm.usage),
+    }
+
+
+def chat_chunk(job_id: str, model: str, created: int, delta: dict, finish_reason: Optional[str] = None,
+               logprobs: Optional[dict] = None, include_usage: bool = False) -> dict:
+    chunk = {
+        "id": f"chatcmpl-{job_id}", "object": "chat.completion.chunk", "created": created, "model": model,
+        "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}],
+    }
+    if include_usage:
+        chunk["usage"] = None
+    return chunk
+
+
+def chat_usage_chunk(job_id: str, model: str, created: int, usage: Optional[dict]) -> dict:
+    return {"id": f"chatcmpl-{job_id}", "object": "chat.completion.chunk", "created": created, "model": model,
+            "choices": [], "usage": usage_body(usage)}
+
+
+def piece_logprobs(piece: Piece, kind: str, n: Optional[int], text_offset: int = 0) -> Optional[dict]:
+    if n is None or piece.logprobs is None:
+        return None
+    if kind == "chat":
+        return chat_logprobs(piece.token_ids, piece.logprobs, n)
+    return completion_logprobs(piece.token_ids, piece.logprobs, n, text_offset)

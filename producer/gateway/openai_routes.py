@@ -1,0 +1,166 @@
+"""OpenAI-compatible routes: /v1/completions, /v1/chat/completions, /v1/models."""
+from __future__ import annotations
+
+import time
+from typing import Optional
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import StreamingResponse
+
+from producer.gateway import openai_format as fmt
+from producer.gateway import sse
+from producer.gateway.assemble import Assembly
+from producer.gateway.auth import authenticate
+from producer.gateway.config import Principal, allowed_models
+from producer.gateway.errors import APIError, bad_request
+from producer.gateway.openai_schemas import (
+    ChatCompletionRequest, CompletionRequest, build_sampling, check_prompt_size,
+)
+from producer.gateway.runner import (
+    Context, admit, cancel_shielded, ctx_of, make_job, raise_for_error, resolve_model, stream_pieces,
+    wait_for_result,
+)
+
+router = APIRouter()
+
+
+def _job_headers(job_id: str) -> dict[str, str]:
+    return {"X-Inferq-Job-Id": job_id}
+
+
+@router.post("/v1/completions")
+async def completions(req: CompletionRequest, request: Request, principal: Principal = Depends(authenticate)):
+    ctx = ctx_of(request)
+    if req.suffix:
+        raise bad_request("suffix is not supported", param="suffix")
+    text, token_ids = req.single_prompt()
+    if req.echo and text is None:
+        raise bad_request("echo is supported only for text prompts", param="echo")
+    check_prompt_size(ctx.settings, text=text, token_ids=token_ids)
+    sampling = build_sampling(req, ctx.settings, req.max_tokens if req.max_tokens is not None else 16, req.logprobs)
+    model = await resolve_model(ctx, req.model)
+    job = make_job(model=model, prompt=text, prompt_token_ids=token_ids, sampling=sampling,
+                   priority=req.priority, tenant=principal.tenant,
+                   deadline=time.time() + ctx.settings.request_timeout_s,
+                   metadata={"route": "completions"})
+    job_id = await admit(ctx, job)
+    ctx.metrics.jobs_submitted.labels(route="completions").inc()
+    prefix = text if req.echo and text else ""
+    if req.stream:
+        return StreamingResponse(_stream(ctx, "completions", job_id, model, req.include_usage, req.logprobs, prefix),
+                                 media_type="text/event-stream", headers={**sse.SSE_HEADERS, **_job_headers(job_id)})
+    asm = await wait_for_result(ctx, request, job_id)
+    raise_for_error(asm)
+    return _json(fmt.completion_response(job_id, model, asm, prefix, req.logprobs), job_id)
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(req: ChatCompletionRequest, request: Request, principal: Principal = Depends(authenticate)):
+    ctx = ctx_of(request)
+    messages = req.job_messages()
+    check_prompt_size(ctx.settings, messages=messages)
+    logprobs_n: Optional[int] = None
+    if req.logprobs:
+        logprobs_n = req.top_logprobs or 0
+    elif req.top_logprobs:
+        raise bad_request("top_logprobs needs logprobs: true", param="top_logprobs")
+    max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+    sampling = build_sampling(req, ctx.settings, max_tokens, logprobs_n)
+    model = await resolve_model(ctx, req.model)
+    # The worker applies the model's chat template to `messages`.
+    job = make_job(model=model, messages=messages, sampling=sampling, priority=req.priority,
+                   tenant=principal.tenant, deadline=time.time() + ctx.settings.request_timeout_s,
+                   metadata={"route": "chat.completions"})
+    job_id = await admit(ctx, job)
+    ctx.metrics.jobs_submitted.labels(route="chat.completions").inc()
+    if req.stream:
+        return StreamingResponse(_stream(ctx, "chat", job_id, model, req.include_usage, logprobs_n, ""),
+                                 media_type="text/event-stream", headers={**sse.SSE_HEADERS, **_job_headers(job_id)})
+    asm = await wait_for_result(ctx, request, job_id)
+    raise_for_error(asm)
+    return _json(fmt.chat_response(job_id, model, asm, logprobs_n), job_id)
+
+
+def _json(body: dict, job_id: str):
+    from fastapi.responses import JSONResponse
+
+    return JSONResponse(body, headers=_job_headers(job_id))
+
+
+async def _stream(ctx: Context, kind: str, job_id: str, model: str, include_usage: bool,
+                  logprobs_n: Optional[int], prefix: str):
+    """SSE body in OpenAI's chunk format. If the client disconnects, Starlette
+    cancels this generator and the ``finally`` cancels the job."""
+    created = int(time.time())
+    asm = Assembly()
+    started = time.monotonic()
+    first_token_at: Optional[float] = None
+    last_sent = time.monotonic()
+    ctx.metrics.active_streams.inc()
+    try:
+        if kind == "chat":
+            yield sse.data(fmt.chat_chunk(job_id, model, created, {"role": "assistant", "content": ""},
+                                          include_usage=include_usage))
+        elif prefix:
+            yield sse.data(fmt.completion_chunk(job_id, model, created, prefix, include_usage=include_usage))
+        offset = len(prefix)
+        async for piece in stream_pieces(ctx, job_id, asm):
+            if piece is None:
+                if time.monotonic() - last_sent >= ctx.settings.keepalive_s:
+                    last_sent = time.monotonic()
+                    yield sse.KEEPALIVE
+                continue
+            if first_token_at is None:
+                first_token_at = time.monotonic()
+                ctx.metrics.ttft.observe(first_token_at - started)
+            lp = fmt.piece_logprobs(piece, kind, logprobs_n, offset)
+            offset += len(piece.text)
+            if kind == "chat":
+                chunk = fmt.chat_chunk(job_id, model, created, {"content": piece.text}, logprobs=lp,
+                                       include_usage=include_usage)
+            else:
+                chunk = fmt.completion_chunk(job_id, model, created, piece.text, logprobs=lp,
+                                             include_usage=include_usage)
+            last_sent = time.monotonic()
+            yield sse.data(chunk)
+        if asm.error_code is not None:
+            try:
+                raise_for_error(asm)
+            except APIError as e:
+                yield sse.data(e.body())
+        else:
+            if kind == "chat":
+                yield sse.data(fmt.chat_chunk(job_id, model, created, {}, finish_reason=asm.finish_reason,
+                                              include_usage=include_usage))
+            else:
+                yield sse.data(fmt.completion_chunk(job_id, model, created, "", finish_reason=asm.finish_reason,
+                                                    include_usage=include_usage))
+            if include_usage:
+                usage = (fmt.chat_usage_chunk if kind == "chat" else fmt.completion_usage_chunk)(
+                    job_id, model, created, asm.usage)
+                yield sse.data(usage)
+        yield sse.DONE
+    finally:
+        ctx.metrics.active_streams.dec()
+        if not asm.finished:
+            await cancel_shielded(ctx, job_id)
+
+
+@router.get("/v1/models")
+async def list_models(request: Request, principal: Principal = Depends(authenticate)):
+    ctx = ctx_of(request)
+    names = allowed_models(ctx.settings) or await ctx.backend.known_models(max_age_s=0)
+    data = []
+    for name in names:
+        data.append({"id": name, "object": "model", "created": 0, "owned_by": "inferq",
+                     "live_workers": await ctx.backend.live_worker_count(name)})
+    return {"object": "list", "data": data}
+
+
+@router.get("/v1/models/{model}")
+async def get_model(model: str, request: Request, principal: Principal = Depends(authenticate)):
+    ctx = ctx_of(request)
+    names = allowed_models(ctx.settings) or await ctx.backend.known_models(max_age_s=0)
+    if model not in names:
+        raise APIError(404, f"model '{model}' does not exist", code="model_not_found", param="model")
+    return {"id": model, "object": "model", "created": 0, "owned_by": "inferq"}

@@ -1,0 +1,154 @@
+"""OpenAI request bodies the gateway accepts, and how they become a Job.
+
+Unknown fields are ignored (OpenAI clients send extras such as `user`), but the
+ones we do read are validated, and requests we cannot honour (several choices,
+batched prompts, image parts) are refused with a message that says so.
+"""
+from __future__ import annotations
+
+from typing import Any, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from schemas import SamplingParams
+from producer.gateway.config import GatewaySettings
+from producer.gateway.errors import APIError, bad_request
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    include_usage: bool = False
+
+
+class _Common(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    model: Optional[str] = Field(None, max_length=256)
+    max_tokens: Optional[int] = Field(None, ge=1)
+    temperature: Optional[float] = Field(None, ge=0.0, le=2.0)
+    top_p: Optional[float] = Field(None, gt=0.0, le=1.0)
+    seed: Optional[int] = Field(None, ge=0, lt=2**63)
+    stop: Optional[Union[str, list[str]]] = None
+    stream: bool = False
+    stream_options: Optional[StreamOptions] = None
+    n: int = Field(1, ge=1)
+    presence_penalty: Optional[float] = Field(None, ge=-2.0, le=2.0)
+    frequency_penalty: Optional[float] = Field(None, ge=-2.0, le=2.0)
+    user: Optional[str] = None
+    # vLLM-style extras, accepted through `extra_body` of the openai client.
+    top_k: Optional[int] = Field(None, ge=-1)
+    min_p: Optional[float] = Field(None, ge=0.0, le=1.0)
+    repetition_penalty: Optional[float] = Field(None, gt=0.0, le=10.0)
+    ignore_eos: Optional[bool] = None
+    stop_token_ids: Optional[list[int]] = None
+    priority: int = Field(0, ge=-1000, le=1000)
+
+    @field_validator("n")
+    @classmethod
+    def _one_choice(cls, v: int) -> int:
+        if v != 1:
+            raise ValueError("only n=1 is supported; send several requests for several choices")
+        return v
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+    def sampling_fields(self) -> dict[str, Any]:
+        fields = {
+            "temperature": self.temperature, "top_p": self.top_p, "seed": self.seed,
+            "presence_penalty": self.presence_penalty, "frequency_penalty": self.frequency_penalty,
+            "top_k": self.top_k, "min_p": self.min_p, "repetition_penalty": self.repetition_penalty,
+            "ignore_eos": self.ignore_eos, "stop_token_ids": self.stop_token_ids,
+        }
+        fields = {k: v for k, v in fields.items() if v is not None}
+        if self.stop is not None:
+            fields["stop"] = [self.stop] if isinstance(self.stop, str) else self.stop
+        return fields
+
+
+class CompletionRequest(_Common):
+    prompt: Union[str, list[str], list[int], list[list[int]]]
+    logprobs: Optional[int] = Field(None, ge=0, le=20)
+    echo: bool = False
+    suffix: Optional[str] = None
+
+    def single_prompt(self) -> tuple[Optional[str], Optional[list[int]]]:
+        """(text, token ids): exactly one is set."""
+        p = self.prompt
+        if isinstance(p, str):
+            return p, None
+        if not p:
+            raise bad_request("prompt must not be empty", param="prompt")
+        if all(isinstance(x, int) for x in p):
+            return None, list(p)  # type: ignore[arg-type]
+        if len(p) == 1:
+            only = p[0]
+            return (only, None) if isinstance(only, str) else (None, list(only))
+        raise bad_request("batched prompts are not supported; send one request per prompt", param="prompt")
+
+
+class ContentPart(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: str
+    text: Optional[str] = None
+
+
+class ChatMessageIn(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: Union[str, list[ContentPart], None] = None
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        texts = []
+        for part in self.content:
+            if part.type != "text":
+                raise bad_request(f"message content of type '{part.type}' is not supported; only text", param="messages")
+            texts.append(part.text or "")
+        return "".join(texts)
+
+
+class ChatCompletionRequest(_Common):
+    messages: list[ChatMessageIn] = Field(min_length=1)
+    logprobs: bool = False
+    top_logprobs: Optional[int] = Field(None, ge=0, le=20)
+    max_completion_tokens: Optional[int] = Field(None, ge=1)
+
+    def job_messages(self) -> list[dict[str, str]]:
+        # "developer" is OpenAI's newer name for the system role.
+        return [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in self.messages]
+
+
+def build_sampling(req: _Common, settings: GatewaySettings, max_tokens: Optional[int],
+                   logprobs: Optional[int]) -> SamplingParams:
+    if max_tokens is not None and max_tokens > settings.max_tokens_cap:
+        raise bad_request(f"max_tokens={max_tokens} exceeds this gateway's cap of {settings.max_tokens_cap}",
+                          param="max_tokens")
+    fields = req.sampling_fields()
+    fields["max_tokens"] = max_tokens if max_tokens is not None else min(settings.default_max_tokens, settings.max_tokens_cap)
+    if logprobs is not None:
+        fields["logprobs"] = logprobs
+    try:
+        return SamplingParams(**fields)
+    except ValidationError as e:
+        problems = "; ".join(f"{'.'.join(map(str, err['loc'])) or 'sampling'}: {err['msg']}" for err in e.errors())
+        raise bad_request(problems) from None
+
+
+def check_prompt_size(settings: GatewaySettings, text: Optional[str] = None,
+                      token_ids: Optional[list[int]] = None, messages: Optional[list[dict]] = None) -> None:
+    if token_ids is not None and len(token_ids) > settings.max_prompt_tokens:
+        raise bad_request(f"prompt has {len(token_ids)} tokens; this gateway accepts at most {settings.max_prompt_tokens}",
+                          param="prompt", code="prompt_too_long")
+    chars = len(text or "") + sum(len(m["content"]) for m in (messages or []))
+    if chars > settings.max_prompt_chars:
+        raise bad_request(f"prompt has {chars} characters; this gateway accepts at most {settings.max_prompt_chars}",
+                          param="messages" if messages else "prompt", code="prompt_too_long")
+
+
+def reject(status: int, message: str, **kw) -> APIError:
+    return APIError(status, message, **kw)
