@@ -184,7 +184,7 @@ def parse_status(job_id: str, info: dict, cancel_requested: bool) -> dict:
     d = {s(k): s(v) for k, v in info.items()}
     out: dict[str, Any] = {"id": job_id}
     for k, v in d.items():
-        if k == "attempt":
+        if k in ("attempt", "prompt_tokens", "completion_tokens"):
             out[k] = int(v or 0)
         elif k in ("created_at", "started_at", "finished_at", "deadline"):
             out[k] = float(v) if v else None

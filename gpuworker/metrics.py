@@ -1,0 +1,98 @@
+"""Prometheus metrics of one worker. Names follow vLLM's (``vllm:`` becomes
+``inferq:``) with the same buckets where the two overlap, so dashboards and
+the ``doctor`` command read them the same way; docs/operations.md lists them.
+
+Each worker has its own registry, so several can live in one test process.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, start_http_server
+
+# vLLM V1's buckets (seconds).
+TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
+                10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0]
+ITL_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+               20.0, 40.0, 80.0]
+REQUEST_LATENCY_BUCKETS = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
+                           60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0]
+STEP_BUCKETS = [0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0]
+
+
+class WorkerMetrics:
+    def __init__(self, model_name: str, registry: Optional[CollectorRegistry] = None):
+        self.registry = reg = registry or CollectorRegistry()
+        L = ["model_name"]
+        self.model_name = model_name
+
+        def h(name, doc, buckets):
+            return Histogram(name, doc, L, buckets=buckets, registry=reg).labels(model_name)
+
+        def g(name, doc):
+            return Gauge(name, doc, L, registry=reg).labels(model_name)
+
+        def c(name, doc):
+            return Counter(name, doc, L, registry=reg).labels(model_name)
+
+        # Request latencies (as vLLM, measured from the job's submit time).
+        self.ttft = h("inferq:time_to_first_token_seconds", "Submit to first token.", TTFT_BUCKETS)
+        self.itl = h("inferq:inter_token_latency_seconds", "Gap between successive tokens of a job.", ITL_BUCKETS)
+        self.e2e = h("inferq:e2e_request_latency_seconds", "Submit to finish.", REQUEST_LATENCY_BUCKETS)
+        self.queue_time = h("inferq:request_queue_time_seconds", "Submit to intake by a worker.", REQUEST_LATENCY_BUCKETS)
+        # Scheduler state.
+        self.running = g("inferq:num_requests_running", "Requests in the engine's running set.")
+        self.waiting = g("inferq:num_requests_waiting", "Requests admitted to the engine but not yet running.")
+        self.kv_usage = g("inferq:kv_cache_usage_perc", "Fraction of KV blocks in use (0-1).")
+        self.prefix_queries = c("inferq:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.")
+        self.prefix_hits = c("inferq:prefix_cache_hits", "Prompt tokens found in the prefix cache.")
+        self.preemptions = c("inferq:num_preemptions", "Requests preempted (recompute).")
+        self.prompt_tokens = c("inferq:prompt_tokens", "Prompt tokens computed (prefill).")
+        self.generation_tokens = c("inferq:generation_tokens", "Tokens generated.")
+        self._finished = Counter("inferq:request_success", "Jobs finished, by finish reason.",
+                                 L + ["finished_reason"], registry=reg)
+        # Queue side (inferq only).
+        self.inflight = g("inferq:jobs_in_flight", "Jobs this worker holds (read, not yet acked).")
+        self.queue_depth = g("inferq:queue_depth", "Entries in the model's job stream (waiting + in flight).")
+        self.consumer_lag = g("inferq:consumer_lag", "Job stream entries not yet delivered to any worker.")
+        self.pending = g("inferq:jobs_pending", "Entries delivered to the group and not yet acked (all workers).")
+        self.dlq_size = g("inferq:dlq_size", "Entries in the model's dead-letter stream.")
+        self._errors = Counter("inferq:job_errors", "Jobs rejected or failed, by error code.",
+                               L + ["code"], registry=reg)
+        self.redeliveries = c("inferq:job_redeliveries", "Jobs started again after an earlier attempt.")
+        self.reclaimed = c("inferq:jobs_reclaimed", "Entries claimed from idle (dead) workers.")
+        self.reply_events = c("inferq:reply_events", "Events written to reply streams.")
+        self.step_time = h("inferq:engine_step_seconds", "Wall time of one engine step.", STEP_BUCKETS)
+        self.publish_time = h("inferq:publish_seconds", "Wall time of one reply pipeline round trip.", STEP_BUCKETS)
+        self.config = Info("inferq:worker_config", "Worker and engine configuration.", registry=reg)
+        self._last_totals = {"q": 0, "h": 0, "p": 0, "pt": 0, "gt": 0}
+
+    def finished(self, reason: str) -> None:
+        self._finished.labels(self.model_name, reason).inc()
+
+    def error(self, code: str) -> None:
+        self._errors.labels(self.model_name, code).inc()
+
+    def update_engine(self, stats) -> None:
+        """Set gauges and advance counters from the engine's cumulative stats."""
+        self.running.set(stats.num_running)
+        self.waiting.set(stats.num_waiting)
+        self.kv_usage.set(stats.kv_cache_usage)
+        last = self._last_totals
+        for key, counter, total in (
+            ("q", self.prefix_queries, stats.prefix_cache_queries),
+            ("h", self.prefix_hits, stats.prefix_cache_hits),
+            ("p", self.preemptions, stats.num_preemptions),
+            ("pt", self.prompt_tokens, stats.num_prompt_tokens),
+            ("gt", self.generation_tokens, stats.num_generated_tokens),
+        ):
+            if total > last[key]:
+                counter.inc(total - last[key])
+            last[key] = total  # an engine rebuilt after a fault starts again from 0
+
+    def serve(self, port: int, addr: str = "0.0.0.0"):
+        """Serve /metrics on ``port``; returns the server (or None if port is 0)."""
+        if not port:
+            return None
+        server, _thread = start_http_server(port, addr=addr, registry=self.registry)
+        return server

@@ -1,0 +1,170 @@
+"""The engine thread: the only code that touches the engine (it is not
+thread-safe). Commands arrive on a queue; each step's deltas go to the
+publisher, which writes them while the next step runs."""
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+from gpuworker.service.state import InFlight, JobState
+
+
+@dataclass
+class StepOutput:
+    deltas: list
+    stats: object
+    t: float  # wall time the step ended
+    step_s: float
+
+
+@dataclass
+class Rejected:
+    st: JobState
+    code: str
+    message: str
+
+
+@dataclass
+class Failed:
+    """An engine fault: these jobs were aborted and must be retried or dead-lettered."""
+
+    states: list
+    error: str
+
+
+@dataclass
+class Dropped:
+    """Jobs abandoned without a reply (lease lost, or drain timed out)."""
+
+    ids: list = field(default_factory=list)
+
+
+class EngineLoop(threading.Thread):
+    def __init__(self, engine, commands: "queue.Queue", to_publisher: "queue.Queue", inflight: InFlight, metrics, log,
+                 rebuild: Optional[Callable[[], object]] = None):
+        super().__init__(name="inferq-engine", daemon=True)
+        self.engine = engine
+        self.commands = commands
+        self.out = to_publisher
+        self.inflight = inflight
+        self.metrics = metrics
+        self.log = log
+        self.rebuild = rebuild
+        self.drain_until: Optional[float] = None  # set by the worker on shutdown
+        self.error: Optional[BaseException] = None
+        self._in_engine: set[str] = set()
+
+    def run(self) -> None:
+        try:
+            self._loop()
+        except BaseException as e:
+            self.error = e
+            self.log.exception("engine_loop_crashed")
+
+    def _loop(self) -> None:
+        while True:
+            busy = self.engine.has_unfinished()
+            self._drain_commands(block=not busy)
+            if self.drain_until is not None:
+                if not self.engine.has_unfinished() and self.commands.empty():
+                    return
+                if time.monotonic() >= self.drain_until:
+                    self._drop_all()
+                    return
+            if self.engine.has_unfinished():
+                self._step()
+
+    def _drain_commands(self, block: bool) -> None:
+        try:
+            cmd = self.commands.get(timeout=0.05) if block else self.commands.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            self._apply(cmd)
+            try:
+                cmd = self.commands.get_nowait()
+            except queue.Empty:
+                return
+
+    def _apply(self, cmd) -> None:
+        kind = cmd[0]
+        if kind == "add":
+            st: JobState = cmd[1]
+            if st.dropped:
+                return
+            if st.id in self._in_engine:  # the same job handed to us again: restart it
+                self.engine.abort(st.id)
+            job = st.job
+            try:
+                self.engine.add_request(st.id, st.prompt_ids, job.sampling, priority=job.priority,
+                                        deadline=job.deadline, arrival_time=job.created_at)
+            except ValueError as e:
+                self._in_engine.discard(st.id)
+                self.out.put(Rejected(st, "invalid_request", str(e)))
+                return
+            self._in_engine.add(st.id)
+        elif kind == "abort":
+            _, job_id, reason = cmd
+            if job_id in self._in_engine:
+                d = self.engine.abort(job_id, reason=reason)
+                if d is not None:
+                    self._in_engine.discard(job_id)
+                    self.out.put(StepOutput([d], self.engine.stats(), time.time(), 0.0))
+        elif kind == "drop":
+            job_id = cmd[1]
+            if job_id in self._in_engine:
+                self.engine.abort(job_id)
+                self._in_engine.discard(job_id)
+            self.out.put(Dropped([job_id]))
+
+    def _step(self) -> None:
+        t0 = time.perf_counter()
+        try:
+            deltas = self.engine.step()
+        except Exception as e:  # a job must never take the worker down
+            self._on_fault(e)
+            return
+        dt = time.perf_counter() - t0
+        for d in deltas:
+            if d.finished:
+                self._in_engine.discard(d.request_id)
+        self.out.put(StepOutput(deltas, self.engine.stats(), time.time(), dt))
+
+    def _on_fault(self, e: Exception) -> None:
+        ids = list(self._in_engine)
+        self.log.error("engine_step_failed", error=repr(e), jobs=len(ids), exc_info=True)
+        for rid in ids:
+            try:
+                self.engine.abort(rid)
+            except Exception:
+                pass
+        self._in_engine.clear()
+        try:
+            self.engine.check_invariants()
+        except Exception as inv:
+            if self.rebuild is None:
+                raise
+            self.log.error("engine_rebuild", reason=repr(inv))
+            self.engine = self.rebuild()
+        states = [st for st in (self.inflight.get(rid) for rid in ids) if st is not None]
+        self.out.put(Failed(states, f"{type(e).__name__}: {e}"))
+
+    def _drop_all(self) -> None:
+        ids = list(self._in_engine)
+        for rid in ids:
+            self.engine.abort(rid)
+        self._in_engine.clear()
+        # Commands still queued (jobs admitted during the drain) are dropped too.
+        while True:
+            try:
+                cmd = self.commands.get_nowait()
+            except queue.Empty:
+                break
+            if cmd[0] == "add":
+                ids.append(cmd[1].id)
+        if ids:
+            self.log.warning("drain_timeout_left_pending", jobs=len(ids))
+            self.out.put(Dropped(ids))

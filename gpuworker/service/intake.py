@@ -1,0 +1,230 @@
+"""Intake thread: pulls job entries from the model's stream into the engine.
+
+Order of reading: entries handed back locally (reclaimed by the reaper, or to
+retry after an engine fault), then this consumer's own pending entries (left
+by a previous run under the same worker id), then new ones (``>``), never more
+than the free capacity.
+"""
+from __future__ import annotations
+
+import json
+import queue
+import re
+import threading
+import time
+from typing import Optional
+
+import redis
+from pydantic import ValidationError
+
+from schemas import Usage, keys
+from schemas.job import Job
+
+from gpuworker.service import replies
+from gpuworker.service.batch import Batch, retrying
+from gpuworker.service.context import WorkerContext
+from gpuworker.service.prompts import PromptBuilder, PromptError
+from gpuworker.service.state import InFlight, JobState
+
+_ID_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
+
+
+def _s(v) -> str:
+    return v.decode("utf-8", errors="replace") if isinstance(v, bytes) else str(v)
+
+
+def salvage_job_id(raw: Optional[str]) -> Optional[str]:
+    """The id of a job whose payload failed validation, if one can be read, so
+    its client still gets an ``error`` event."""
+    try:
+        jid = json.loads(raw).get("id") if raw else None
+    except Exception:
+        return None
+    return jid if isinstance(jid, str) and _ID_RE.match(jid) else None
+
+
+def describe(e: Exception) -> str:
+    if isinstance(e, ValidationError):
+        parts = []
+        for err in e.errors()[:5]:
+            loc = ".".join(str(x) for x in err.get("loc", ())) or "job"
+            parts.append(f"{loc}: {err.get('msg')}")
+        return "invalid job: " + "; ".join(parts)
+    return f"invalid job: {e}"
+
+
+class Intake(threading.Thread):
+    def __init__(self, ctx: WorkerContext, r: redis.Redis, inflight: InFlight, prompts: PromptBuilder,
+                 to_engine: "queue.Queue", metrics, log, block_ms: int, stop: threading.Event):
+        super().__init__(name="inferq-intake", daemon=True)
+        self.ctx, self.r, self.inflight, self.prompts = ctx, r, inflight, prompts
+        self.to_engine, self.metrics, self.log = to_engine, metrics, log
+        self.block_ms = block_ms
+        self.stop = stop
+        self.local: "queue.Queue[tuple[str, dict]]" = queue.Queue()
+        self.error: Optional[BaseException] = None
+
+    # -- public --------------------------------------------------------------
+    def requeue(self, entries: list) -> None:
+        """Entries this consumer owns that should be (re)started here."""
+        for e in entries:
+            self.local.put(e)
+
+    def ensure_group(self) -> None:
+        try:
+            self.r.xgroup_create(self.ctx.stream, self.ctx.group, id="0", mkstream=True)
+        except redis.ResponseError as e:
+            if "BUSYGROUP" not in str(e):
+                raise
+
+    # -- loop ----------------------------------------------------------------
+    def run(self) -> None:
+        try:
+            self._loop()
+        except BaseException as e:  # surfaced by the worker, which then stops
+            self.error = e
+            self.log.exception("intake_crashed")
+
+    def _give_up(self) -> bool:
+        return self.stop.is_set()
+
+    def _loop(self) -> None:
+        retrying(self.ensure_group, give_up=self._give_up, log=self.log, what="xgroup_create")
+        self._read_own_pending()
+        while not self.stop.is_set():
+            self._drain_local()
+            free = self.inflight.wait_free(0.2)
+            if free <= 0:
+                continue
+            try:
+                resp = self.r.xreadgroup(self.ctx.group, self.ctx.consumer, {self.ctx.stream: ">"},
+                                         count=free, block=self.block_ms)
+            except redis.ResponseError as e:
+                if "NOGROUP" in str(e):  # stream or group deleted under us: recreate
+                    self.ensure_group()
+                    continue
+                raise
+            except (redis.ConnectionError, redis.TimeoutError) as e:
+                self.log.warning("redis_unavailable_retrying", op="xreadgroup", error=str(e))
+                self.stop.wait(0.5)
+                continue
+            if resp:
+                self.admit(resp[0][1])
+
+    def _read_own_pending(self) -> None:
+        last = "0"
+        while not self.stop.is_set():
+            free = self.inflight.wait_free(0.5)
+            if free <= 0:
+                continue
+            resp = retrying(
+                lambda: self.r.xreadgroup(self.ctx.group, self.ctx.consumer, {self.ctx.stream: last}, count=free),
+                give_up=self._give_up, log=self.log, what="xreadgroup_pending")
+            entries = resp[0][1] if resp else []
+            if not entries:
+                return
+            last = _s(entries[-1][0])
+            self.log.info("pending_reread", count=len(entries))
+            self.admit(entries)
+
+    def _drain_local(self) -> None:
+        batch = []
+        while True:
+            try:
+                batch.append(self.local.get_nowait())
+            except queue.Empty:
+                break
+        if batch:
+            self.admit(batch)
+
+    # -- admission -------------------------------------------------------------
+    def admit(self, entries: list) -> None:
+        """Validate, count the attempt, and start each job (or finish/reject it)."""
+        b = Batch()
+        parsed: list[tuple[str, str, Job]] = []
+        for entry_id, fields in entries:
+            entry_id = _s(entry_id)
+            if not fields:  # deleted from the stream while pending: nothing left to do
+                b.xack(self.ctx.stream, self.ctx.group, entry_id)
+                continue
+            raw_b = fields.get(b"job", fields.get("job"))
+            raw = _s(raw_b) if raw_b is not None else json.dumps({_s(k): _s(v) for k, v in fields.items()})
+            try:
+                if raw_b is None:
+                    raise ValueError("stream entry has no 'job' field")
+                if isinstance(raw_b, bytes):
+                    raw_b.decode("utf-8")  # invalid UTF-8 is a client error, not a crash
+                job = Job.model_validate_json(raw)
+            except Exception as e:
+                self._reject(b, entry_id, raw, salvage_job_id(raw), 1, "invalid_job", describe(e))
+                continue
+            parsed.append((entry_id, raw, job))
+        if not parsed:
+            b.send(self.r, give_up=self._give_up, log=self.log)
+            return
+
+        # One round trip: bump each job's attempt counter and read its cancel flag.
+        idx = []
+        for _, _, job in parsed:
+            idx.append((b.hincrby(keys.job_info(job.id), "attempt", 1), b.exists(keys.cancel(job.id))))
+            b.expire(keys.job_info(job.id), self.ctx.job_ttl)
+        res = b.send(self.r, give_up=self._give_up, log=self.log)
+
+        now = time.time()
+        b = Batch()
+        ready: list[JobState] = []
+        for (entry_id, raw, job), (i_att, i_cancel) in zip(parsed, idx):
+            attempt = int(res[i_att]) if isinstance(res[i_att], int) else 1
+            st = JobState(job=job, entry_id=entry_id, raw=raw, attempt=attempt,
+                          log=self.log.bind(job_id=job.id, attempt=attempt), received_at=now)
+            if attempt > 1:
+                self.metrics.redeliveries.inc()
+            if attempt > self.ctx.max_deliveries:
+                self._reject(b, entry_id, raw, job.id, attempt, "max_deliveries",
+                             f"delivered {attempt - 1} times without finishing (max_deliveries={self.ctx.max_deliveries})")
+                continue
+            if job.model != self.ctx.model:
+                self._reject(b, entry_id, raw, job.id, attempt, "unknown_model",
+                             f"this worker serves {self.ctx.model!r}, not {job.model!r}")
+                continue
+            if res[i_cancel]:
+                st.cancel_requested = True
+                self._finish_early(b, st, "abort")
+                continue
+            if job.deadline is not None and job.deadline <= now:
+                self._finish_early(b, st, "deadline")
+                continue
+            if job.sampling.n != 1:
+                self._reject(b, entry_id, raw, job.id, attempt, "unsupported",
+                             "n > 1 is not supported on the job queue: submit one job per sample")
+                continue
+            try:
+                st.prompt_ids = self.prompts.token_ids(job)
+            except PromptError as e:
+                self._reject(b, entry_id, raw, job.id, attempt, e.code, str(e))
+                continue
+            replies.start(b, self.ctx, st)
+            ready.append(st)
+            self.metrics.queue_time.observe(max(0.0, now - job.created_at))
+            if self.ctx.log_prompts:
+                st.log.info("job_started", prompt_tokens=len(st.prompt_ids), prompt=job.prompt or job.messages)
+            else:
+                st.log.info("job_started", prompt_tokens=len(st.prompt_ids), reclaimed=attempt > 1)
+        # started/restarted events are written before the engine can emit a delta.
+        b.send(self.r, give_up=self._give_up, log=self.log)
+        for st in ready:
+            self.inflight.add(st)
+            self.to_engine.put(("add", st))
+
+    def _reject(self, b: Batch, entry_id: str, raw: str, job_id: Optional[str], attempt: int, code: str, message: str) -> None:
+        self.metrics.error(code)
+        self.log.warning("job_rejected", job_id=job_id, entry_id=entry_id, attempt=attempt, code=code, reason=message)
+        replies.fail(b, self.ctx, entry_id=entry_id, raw=raw, job_id=job_id, attempt=attempt, seq=0 if attempt <= 1 else 1,
+                     code=code, message=message)
+
+    def _finish_early(self, b: Batch, st: JobState, reason: str) -> None:
+        """Cancelled or past its deadline before prefill: done without the engine."""
+        replies.start(b, self.ctx, st)
+        replies.finish(b, self.ctx, st, reason, Usage(prompt_tokens=0, completion_tokens=0))
+        self.metrics.finished(reason)
+        st.log.info("job_finished", finish_reason=reason, before_prefill=True)

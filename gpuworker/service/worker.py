@@ -1,0 +1,156 @@
+"""One worker process: builds the engine, starts the four threads, and shuts
+down gracefully (stop reading, drain up to a timeout, hand back the rest)."""
+from __future__ import annotations
+
+import copy
+import queue
+import signal
+import threading
+import time
+from typing import Optional
+
+from gpuworker.logging import get_logger
+from gpuworker.metrics import WorkerMetrics
+from gpuworker.service.context import WorkerContext
+from gpuworker.service.engine_loop import EngineLoop
+from gpuworker.service.intake import Intake
+from gpuworker.service.lease import LeaseKeeper
+from gpuworker.service.prompts import PromptBuilder
+from gpuworker.service.publisher import STOP, Publisher
+from gpuworker.service.settings import WorkerSettings
+from gpuworker.service.state import InFlight
+
+
+def build_engine(s: WorkerSettings):
+    from gpuworker.config import EngineConfig
+    from gpuworker.engine.llm_engine import LLMEngine
+
+    return LLMEngine(EngineConfig(
+        model=s.model or None,
+        served_model_name=s.model_name,
+        attention_backend=s.attention_backend,
+        block_size=s.block_size,
+        max_num_seqs=s.max_num_seqs,
+        max_num_batched_tokens=s.max_num_batched_tokens,
+        max_model_len=s.max_model_len,
+        num_kv_blocks=s.num_kv_blocks,
+        scheduling_policy="priority",  # jobs carry a priority; equal priorities are FCFS
+        dtype=s.dtype,
+        device=s.device,
+    ))
+
+
+class Worker:
+    def __init__(self, settings: WorkerSettings, engine=None):
+        self.s = settings
+        self.log = get_logger(worker=settings.consumer_name, model=settings.model_name)
+        self.ctx = WorkerContext(
+            model=settings.model_name,
+            consumer=settings.consumer_name,
+            lease_seconds=settings.lease_seconds,
+            max_deliveries=settings.max_deliveries,
+            reply_ttl=settings.reply_ttl,
+            reply_maxlen=settings.reply_maxlen,
+            log_prompts=settings.log_prompts,
+        )
+        self.r = settings.redis()
+        self.engine = engine
+        self.metrics = WorkerMetrics(self.ctx.model)
+        self.stop_reading = threading.Event()
+        self.stop_lease = threading.Event()
+        self.hard_stop = threading.Event()
+        self.stopped = threading.Event()
+        self._metrics_server = None
+        self._threads_started = False
+
+    # -- lifecycle -------------------------------------------------------------
+    def start(self) -> None:
+        self.r.ping()  # fail fast on a wrong URL or password, before loading a model
+        if self.engine is None:
+            t0 = time.time()
+            self.engine = build_engine(self.s)
+            self.log.info("engine_ready", load_s=round(time.time() - t0, 2))
+        eng = self.engine
+        self.metrics.config.info({
+            "model": self.ctx.model, "worker": self.ctx.consumer,
+            "max_num_seqs": str(self.s.max_num_seqs), "max_num_batched_tokens": str(self.s.max_num_batched_tokens),
+            "num_kv_blocks": str(eng.kv.pool.num_blocks), "block_size": str(self.s.block_size),
+            "max_model_len": str(eng.max_model_len), "attention_backend": str(getattr(eng.backend, "name", self.s.attention_backend)),
+            "lease_seconds": str(self.s.lease_seconds), "max_deliveries": str(self.s.max_deliveries),
+        })
+        self.inflight = InFlight(self.s.max_num_seqs)
+        self.to_engine: queue.Queue = queue.Queue()
+        self.to_publisher: queue.Queue = queue.Queue()
+        prompts = PromptBuilder(copy.deepcopy(eng.tokenizer), eng.max_model_len, eng.model_config.vocab_size)
+        self.intake = Intake(self.ctx, self.r, self.inflight, prompts, self.to_engine, self.metrics, self.log,
+                             self.s.block_ms, self.stop_reading)
+        self.engine_loop = EngineLoop(eng, self.to_engine, self.to_publisher, self.inflight, self.metrics, self.log,
+                                      rebuild=lambda: build_engine(self.s))
+        self.publisher = Publisher(self.ctx, self.r, self.inflight, self.to_publisher, self.to_engine,
+                                   self.intake.requeue, self.metrics, self.log, coalesce=self.s.coalesce_deltas,
+                                   max_flush_steps=self.s.max_flush_steps, give_up=self.hard_stop.is_set)
+        self.lease = LeaseKeeper(self.ctx, self.r, self.inflight, self.intake.requeue, self.to_engine, self.metrics,
+                                 self.log, self.stop_lease, reap=lambda: not self.stop_reading.is_set())
+        self.intake.ensure_group()  # before the lease thread's first XAUTOCLAIM
+        self.lease.heartbeat()
+        self._metrics_server = self.metrics.serve(self.s.metrics_port, self.s.metrics_addr)
+        for t in (self.engine_loop, self.publisher, self.lease, self.intake):
+            t.start()
+        self._threads_started = True
+        self.log.info("worker_started", stream=self.ctx.stream, group=self.ctx.group,
+                      metrics_port=self.s.metrics_port or None, config=self.s.safe_dump())
+
+    def request_stop(self, *_args) -> None:
+        if not self.stop_reading.is_set():
+            self.log.info("shutdown_requested", drain_timeout=self.s.drain_timeout)
+        self.stop_reading.set()
+
+    def run(self) -> int:
+        """Run until SIGTERM/SIGINT (or request_stop); returns the exit code."""
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self.request_stop)
+        self.start()
+        code = 0
+        while not self.stop_reading.wait(0.5):
+            crashed = [t for t in (self.intake, self.engine_loop, self.publisher) if t.error is not None]
+            if crashed:
+                self.log.error("worker_thread_failed", threads=[t.name for t in crashed])
+                code = 1
+                self.stop_reading.set()
+        self.shutdown()
+        return code
+
+    def shutdown(self) -> None:
+        """Stop reading, drain in-flight jobs up to the timeout, hand back the rest."""
+        if not self._threads_started:
+            return
+        self.stop_reading.set()
+        self.intake.join(timeout=self.s.block_ms / 1000 + 5)
+        self.engine_loop.drain_until = time.monotonic() + self.s.drain_timeout
+        self.engine_loop.join(timeout=self.s.drain_timeout + 30)
+        self.to_publisher.put(STOP)
+        hard = threading.Timer(15.0, self.hard_stop.set)
+        hard.daemon = True
+        hard.start()
+        self.publisher.join(timeout=20)
+        hard.cancel()
+        self.stop_lease.set()
+        self.lease.join(timeout=5)
+        left = [st.entry_id for st in self.inflight.snapshot()]
+        # Entries read but never started (still in the intake's local queue) go back too.
+        while True:
+            try:
+                eid, _ = self.intake.local.get_nowait()
+            except queue.Empty:
+                break
+            left.append(eid.decode() if isinstance(eid, bytes) else str(eid))
+        try:
+            self.lease.release(left)
+            self.lease.leave()
+        except Exception as e:
+            self.log.warning("release_failed", error=str(e))
+        if self._metrics_server is not None:
+            self._metrics_server.shutdown()
+        self.log.info("worker_stopped", handed_back=len(left))
+        self.r.close()
+        self.stopped.set()
