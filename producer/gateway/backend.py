@@ -86,15 +86,17 @@ class Backend:
         return int(await self.redis.zcount(keys.workers(model), cutoff, "+inf"))
 
     async def known_models(self, max_age_s: float = 2.0) -> list[str]:
-        """Every model a worker has ever registered (cached briefly: SCAN is not free)."""
+        """Models with a job stream or a worker registry (cached briefly: SCAN is
+        not free). A model whose workers all stopped stays known, so it gets 503."""
         at, models = self._models_cache
         if time.monotonic() - at < max_age_s:
             return models
         found = set()
-        async for key in self.redis.scan_iter(match=f"{keys.PREFIX}:workers:*", count=500):
-            m = model_of(_s(key))
-            if m:
-                found.add(m)
+        for pattern in (f"{keys.PREFIX}:workers:*", f"{keys.PREFIX}:jobs:*"):
+            async for key in self.redis.scan_iter(match=pattern, count=500):
+                m = model_of(_s(key))
+                if m:
+                    found.add(m)
         models = sorted(found)
         self._models_cache = (time.monotonic(), models)
         return models

@@ -1,0 +1,160 @@
+"""Queue housekeeping that needs no model: run by Celery beat (or by hand).
+
+Workers reap and dead-letter on their own while any is alive; these tasks keep
+the queue tidy when none is, and export numbers for dashboards:
+
+- reclaim_stale: entries idle past 3 leases on consumers with no heartbeat move
+  to a live consumer (XCLAIM JUSTID: the delivery count is not bumped) and stay
+  idle, so the live workers' reapers take them at once; emptied dead consumers
+  are removed from the group.
+- dead_letter_exceeded: entries delivered max_deliveries times or more go to the
+  DLQ (copy, error event, then ack + delete, in one MULTI).
+- expire_finished_replies: reply streams and job records of finished jobs that
+  lost their TTL get one again.
+- export_stats: depth, lag, pending, DLQ and workers per model into
+  ``inferq:stats:{model}`` hashes.
+"""
+from __future__ import annotations
+
+import json
+import time
+from typing import Optional
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from schemas import ErrorEvent, encode_event, keys
+from schemas.events import TERMINAL_TYPES
+from producer.queue_stats import all_stats, discover_models
+
+
+class MaintenanceSettings(BaseSettings):
+    """Same INFERQ_* names as the worker's settings, so one .env serves both."""
+
+    model_config = SettingsConfigDict(env_prefix="INFERQ_", extra="ignore")
+    lease_seconds: float = Field(10.0, gt=0)
+    max_deliveries: int = Field(5, ge=1)
+    reply_ttl: int = Field(3600, ge=1)
+    worker_stale_seconds: float = Field(15.0, gt=0)
+    stats_ttl: int = Field(300, ge=1)
+
+    @property
+    def min_idle_ms(self) -> int:
+        return int(3 * self.lease_seconds * 1000)
+
+
+def _s(v) -> str:
+    return v.decode("utf-8") if isinstance(v, bytes) else str(v)
+
+
+def stats_key(model: str) -> str:
+    return f"{keys.PREFIX}:stats:{{{model}}}"
+
+
+def _live(r, model: str, stale_s: float) -> list[str]:
+    cutoff = time.time() - stale_s
+    return [_s(w) for w in r.zrangebyscore(keys.workers(model), cutoff, "+inf")]
+
+
+def _stale_entries(r, model: str, min_idle_ms: int, count: int = 1000) -> list[dict]:
+    try:
+        return r.xpending_range(keys.jobs(model), keys.JOBS_GROUP, min="-", max="+", count=count, idle=min_idle_ms)
+    except Exception as e:
+        if "nogroup" in str(e).lower() or "no such key" in str(e).lower():
+            return []
+        raise
+
+
+def reclaim_stale(r, model: str, s: MaintenanceSettings) -> dict:
+    live = _live(r, model, s.worker_stale_seconds)
+    moved = 0
+    if live:
+        orphaned = [row for row in _stale_entries(r, model, s.min_idle_ms)
+                    if _s(row["consumer"]) not in live and int(row["times_delivered"]) < s.max_deliveries]
+        for i, row in enumerate(orphaned):
+            target = live[i % len(live)]
+            r.xclaim(keys.jobs(model), keys.JOBS_GROUP, target, s.min_idle_ms, [row["message_id"]],
+                     idle=s.min_idle_ms + 1000, justid=True)
+            moved += 1
+    removed = 0
+    try:
+        consumers = r.xinfo_consumers(keys.jobs(model), keys.JOBS_GROUP)
+    except Exception:
+        consumers = []
+    for c in consumers:
+        name = _s(c["name"])
+        if name not in live and int(c.get("pending", 0)) == 0 and int(c.get("idle", 0)) > s.min_idle_ms:
+            r.xgroup_delconsumer(keys.jobs(model), keys.JOBS_GROUP, name)
+            removed += 1
+    return {"moved": moved, "consumers_removed": removed, "live_workers": len(live)}
+
+
+def dead_letter_exceeded(r, model: str, s: MaintenanceSettings) -> int:
+    stream = keys.jobs(model)
+    n = 0
+    for row in _stale_entries(r, model, s.min_idle_ms):
+        delivered = int(row["times_delivered"])
+        if delivered < s.max_deliveries:
+            continue
+        eid = _s(row["message_id"])
+        found = r.xrange(stream, eid, eid)
+        raw = _s(found[0][1].get(b"job", found[0][1].get("job", ""))) if found else ""
+        try:
+            job_id = json.loads(raw).get("id", "") if raw else ""
+        except ValueError:
+            job_id = ""
+        reason = f"delivered {delivered} times without finishing (max_deliveries={s.max_deliveries})"
+        pipe = r.pipeline(transaction=True)
+        pipe.xadd(keys.dlq(model), {"job": raw, "job_id": job_id, "entry_id": eid, "code": "max_deliveries",
+                                    "reason": reason, "attempts": str(delivered), "worker": "celery-beat",
+                                    "failed_at": repr(time.time())})
+        if job_id:
+            # A higher attempt than any worker used, so readers accept it as final.
+            ev = ErrorEvent(attempt=delivered + 1, seq=0, code="max_deliveries", message=reason)
+            pipe.xadd(keys.reply(job_id), encode_event(ev))
+            pipe.expire(keys.reply(job_id), s.reply_ttl)
+            pipe.hset(keys.job_info(job_id), mapping={"status": "error", "error_code": "max_deliveries",
+                                                      "error_message": reason, "finished_at": repr(time.time())})
+            pipe.expire(keys.job_info(job_id), s.reply_ttl)
+        pipe.xack(stream, keys.JOBS_GROUP, eid)
+        pipe.xdel(stream, eid)
+        pipe.execute()
+        n += 1
+    return n
+
+
+def expire_finished_replies(r, s: MaintenanceSettings, scan_count: int = 500) -> int:
+    n = 0
+    for key in r.scan_iter(match=f"{keys.PREFIX}:reply:*", count=scan_count):
+        if r.ttl(key) != -1:
+            continue  # already expiring (or gone)
+        last = r.xrevrange(key, count=1)
+        if last and _s(last[0][1].get(b"type", last[0][1].get("type", ""))) in TERMINAL_TYPES:
+            r.expire(key, s.reply_ttl)
+            job_id = _s(key)[len(f"{keys.PREFIX}:reply:{{"):-1]
+            if r.ttl(keys.job_info(job_id)) == -1:
+                r.expire(keys.job_info(job_id), s.reply_ttl)
+            n += 1
+    return n
+
+
+def export_stats(r, s: MaintenanceSettings, models: Optional[list[str]] = None) -> list[dict]:
+    out = []
+    for st in all_stats(r, s.worker_stale_seconds, models):
+        d = st.as_dict()
+        flat = {"depth": st.depth, "waiting": st.waiting, "pending": st.pending, "dlq": st.dlq,
+                "workers_alive": st.workers_alive, "oldest_waiting_s": st.oldest_waiting_s or 0.0,
+                "updated_at": time.time()}
+        r.hset(stats_key(st.model), mapping=flat)
+        r.expire(stats_key(st.model), s.stats_ttl)
+        out.append(d)
+    return out
+
+
+def run_all(r, s: Optional[MaintenanceSettings] = None) -> dict:
+    s = s or MaintenanceSettings()
+    report = {}
+    for model in discover_models(r):
+        report[model] = {"dead_lettered": dead_letter_exceeded(r, model, s), **reclaim_stale(r, model, s)}
+    report["_replies_expired"] = expire_finished_replies(r, s)
+    return report

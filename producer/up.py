@@ -1,0 +1,289 @@
+"""`inferq up`: Redis (existing or embedded), one worker and the gateway, as
+child processes supervised until Ctrl-C / SIGTERM, then stopped in order:
+gateway (no new requests), worker (drains), Redis (flushes its AOF) last.
+
+Children run in their own sessions, so a terminal Ctrl-C reaches only this
+supervisor, which decides the order. Nothing is left running on exit.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from rich.console import Console
+from rich.panel import Panel
+
+from schemas import keys
+from producer.cli_common import safe_url
+from producer.embedded_redis import EmbeddedRedis, EmbeddedRedisError, free_port, port_is_free
+
+DEFAULT_GATEWAY_PORT = 8000
+DEFAULT_REDIS_PORT = 6379
+DEFAULT_METRICS_PORT = 9400
+
+
+@dataclass
+class UpOptions:
+    host: str = "127.0.0.1"
+    port: Optional[int] = None
+    model: Optional[str] = None
+    device: Optional[str] = None
+    data_dir: str = ".inferq"
+    redis_port: Optional[int] = None
+    metrics_port: Optional[int] = None
+    ready_timeout: float = 600.0
+    api_keys: Optional[str] = None
+    worker_args: list[str] = field(default_factory=list)
+
+    @classmethod
+    def from_args(cls, a) -> "UpOptions":
+        return cls(host=a.host, port=a.port, model=a.model, device=a.device, data_dir=a.data_dir,
+                   redis_port=a.redis_port, metrics_port=a.metrics_port, ready_timeout=a.ready_timeout,
+                   api_keys=a.api_keys, worker_args=list(a.worker_arg))
+
+
+def served_name(model: Optional[str]) -> str:
+    """The queue name a worker uses for ``model`` (same rule as the worker's settings)."""
+    if not model:
+        return keys.DEFAULT_MODEL
+    base = os.path.basename(os.path.normpath(model))
+    return base[:-5] if base.endswith(".gguf") else base
+
+
+def _pick_port(wanted: Optional[int], default: int, host: str = "127.0.0.1") -> int:
+    if wanted is not None:
+        return wanted if wanted else free_port(host)
+    return default if port_is_free(host, default) else free_port(host)
+
+
+def _redis_reachable(url: str) -> bool:
+    from producer.settings import RedisSettings
+
+    import redis
+
+    try:
+        s = RedisSettings(redis_url=url)
+        r = redis.Redis.from_url(url, **{**s.client_kwargs(), "socket_connect_timeout": 2, "socket_timeout": 2})
+        ok = bool(r.ping())
+        r.close()
+        return ok
+    except Exception:
+        return False
+
+
+class Child:
+    """One supervised process with its log file."""
+
+    def __init__(self, name: str, args: list[str], env: dict, log_path: Path):
+        self.name = name
+        self.log_path = log_path
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = open(log_path, "ab")
+        self.proc = subprocess.Popen(args, env=env, stdout=self._log, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, start_new_session=True)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self, timeout: float) -> None:
+        if self.alive():
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+
+    def tail(self, lines: int = 25) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+class Supervisor:
+    def __init__(self, opts: UpOptions, console: Optional[Console] = None):
+        self.opts = opts
+        self.console = console or Console(highlight=False)
+        self.data_dir = Path(opts.data_dir).resolve()
+        self.log_dir = self.data_dir / "logs"
+        self.redis: Optional[EmbeddedRedis] = None
+        self.redis_url = ""
+        self.worker: Optional[Child] = None
+        self.gateway: Optional[Child] = None
+        self.stop_event = threading.Event()
+        self.model = served_name(opts.model)
+
+    # -- start ----------------------------------------------------------
+    def start_redis(self) -> None:
+        url = os.environ.get("INFERQ_REDIS_URL")
+        if url:
+            if _redis_reachable(url):
+                self.redis_url = url
+                self.console.print(f"[green]✓[/green] Redis at {safe_url(url)} (from INFERQ_REDIS_URL)")
+                return
+            self.console.print(f"[yellow]![/yellow] INFERQ_REDIS_URL={safe_url(url)} is not reachable; "
+                               "starting an embedded Redis instead")
+        port = _pick_port(self.opts.redis_port, DEFAULT_REDIS_PORT)
+        self.redis = EmbeddedRedis(self.data_dir / "redis", port=port).start()
+        self.redis_url = self.redis.url
+        self.console.print(f"[green]✓[/green] embedded Redis {self.redis.url} (AOF in {self.redis.data_dir})")
+
+    def _child_env(self) -> dict:
+        env = dict(os.environ)
+        env["INFERQ_REDIS_URL"] = self.redis_url
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        return env
+
+    def start_worker(self, metrics_port: int) -> None:
+        env = self._child_env()
+        # Settings by environment: the worker reads INFERQ_* (pydantic-settings).
+        env["INFERQ_METRICS_PORT"] = str(metrics_port)
+        env["INFERQ_METRICS_ADDR"] = "127.0.0.1"
+        if self.opts.model:
+            env["INFERQ_MODEL"] = self.opts.model
+        if self.opts.device:
+            env["INFERQ_DEVICE"] = self.opts.device
+        args = [sys.executable, "-m", "gpuworker.service", *self.opts.worker_args]
+        self.worker = Child("worker", args, env, self.log_dir / "worker.log")
+
+    def start_gateway(self, port: int) -> None:
+        env = self._child_env()
+        if self.opts.api_keys is not None:
+            env["INFERQ_GATEWAY_API_KEYS"] = self.opts.api_keys
+        args = [sys.executable, "-m", "producer.gateway", "--host", self.opts.host, "--port", str(port)]
+        self.gateway = Child("gateway", args, env, self.log_dir / "gateway.log")
+
+    # -- readiness ------------------------------------------------------
+    def _worker_heartbeating(self, r) -> bool:
+        cutoff = time.time() - 15
+        return bool(r.zcount(keys.workers(self.model), cutoff, "+inf"))
+
+    def _gateway_answers(self, url: str) -> bool:
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=1) as resp:
+                return resp.status in (200, 503)
+        except Exception as e:  # an HTTP error status still means it is listening
+            return getattr(e, "code", None) is not None
+
+    def wait_ready(self, gateway_url: str) -> bool:
+        import redis
+
+        from producer.settings import RedisSettings
+
+        r = redis.Redis.from_url(self.redis_url, **RedisSettings(redis_url=self.redis_url).client_kwargs())
+        deadline = time.monotonic() + self.opts.ready_timeout
+        worker_ok = gateway_ok = False
+        with self.console.status("starting the worker (loading the model) and the gateway…") as status:
+            while time.monotonic() < deadline and not self.stop_event.is_set():
+                for child in (self.worker, self.gateway):
+                    if not child.alive():
+                        self.console.print(f"[red]✗ the {child.name} exited with code {child.proc.returncode}; "
+                                           f"last lines of {child.log_path}:[/red]")
+                        self.console.print(child.tail(), markup=False)
+                        return False
+                if not worker_ok and self._worker_heartbeating(r):
+                    worker_ok = True
+                    self.console.print(f"[green]✓[/green] worker serving {self.model} (pid {self.worker.pid})")
+                if not gateway_ok and self._gateway_answers(gateway_url):
+                    gateway_ok = True
+                    self.console.print(f"[green]✓[/green] gateway {gateway_url} (pid {self.gateway.pid})")
+                if worker_ok and gateway_ok:
+                    r.close()
+                    return True
+                status.update(f"waiting for {'the worker' if not worker_ok else 'the gateway'}… "
+                              f"({int(deadline - time.monotonic())}s left)")
+                time.sleep(0.25)
+        r.close()
+        if not self.stop_event.is_set():
+            self.console.print(f"[red]✗ not ready within {self.opts.ready_timeout:.0f}s; see {self.log_dir}[/red]")
+        return False
+
+    # -- run / stop -----------------------------------------------------
+    def banner(self, url: str) -> None:
+        key = (self.opts.api_keys or "").split(",")[0].split(":")[0] or "none"
+        auth = f' -H "Authorization: Bearer {key}"' if self.opts.api_keys else ""
+        curl = (f"curl {url}/v1/chat/completions -H 'Content-Type: application/json'{auth} \\\n"
+                f"  -d '{{\"model\": \"{self.model}\", \"messages\": [{{\"role\": \"user\", "
+                f"\"content\": \"Write a haiku about queues\"}}], \"max_tokens\": 64}}'")
+        py = (f"from openai import OpenAI\n"
+              f"client = OpenAI(base_url=\"{url}/v1\", api_key=\"{key}\")\n"
+              f"r = client.chat.completions.create(model=\"{self.model}\",\n"
+              f"    messages=[{{\"role\": \"user\", \"content\": \"Write a haiku about queues\"}}], max_tokens=64)\n"
+              f"print(r.choices[0].message.content)")
+        self.console.print(Panel.fit(
+            f"[bold]inferq is ready[/bold] at [cyan]{url}[/cyan]  (model {self.model})\n\n"
+            f"[bold]curl[/bold]\n{curl}\n\n[bold]python[/bold]\n{py}\n\n"
+            f"CLI: export INFERQ_REDIS_URL={self.redis_url}; inferq status | inferq submit \"Hi\"\n"
+            f"Logs: {self.log_dir}    Stop: Ctrl-C", title="inferq up"), markup=True)
+        self.console.print(f"READY {url}", markup=False, highlight=False)
+
+    def _on_signal(self, signum, frame) -> None:
+        self.stop_event.set()
+
+    def run(self) -> int:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, self._on_signal)
+        rc = 1
+        try:
+            self.start_redis()
+            port = _pick_port(self.opts.port, DEFAULT_GATEWAY_PORT, self.opts.host)
+            metrics_port = _pick_port(self.opts.metrics_port, DEFAULT_METRICS_PORT)
+            shown_host = "127.0.0.1" if self.opts.host in ("0.0.0.0", "") else self.opts.host
+            url = f"http://{shown_host}:{port}"
+            self.start_worker(metrics_port)
+            self.start_gateway(port)
+            self.console.print(f"  worker metrics: http://127.0.0.1:{metrics_port}/metrics "
+                               f"(inferq doctor --metrics-url http://127.0.0.1:{metrics_port}/metrics)")
+            if not self.wait_ready(url):
+                return 0 if self.stop_event.is_set() else 1
+            self.banner(url)
+            sys.stdout.flush()
+            rc = self.supervise()
+        except EmbeddedRedisError as e:
+            self.console.print(f"[red]error:[/red] {e}")
+        finally:
+            self.shutdown()
+        return rc
+
+    def supervise(self) -> int:
+        while not self.stop_event.wait(0.5):
+            for child in (self.worker, self.gateway):
+                if not child.alive():
+                    self.console.print(f"[red]✗ the {child.name} exited unexpectedly (code {child.proc.returncode});"
+                                       f" stopping. Last lines of {child.log_path}:[/red]")
+                    self.console.print(child.tail(), markup=False)
+                    return 1
+            if self.redis and self.redis.proc.poll() is not None:
+                self.console.print("[red]✗ the embedded Redis exited unexpectedly; stopping[/red]")
+                return 1
+        return 0
+
+    def shutdown(self) -> None:
+        self.console.print("stopping…")
+        if self.gateway:
+            self.gateway.stop(timeout=10)
+        if self.worker:
+            # The worker drains in-flight jobs on SIGTERM (drain timeout 30 s by default).
+            drain = float(os.environ.get("INFERQ_DRAIN_TIMEOUT", "30"))
+            self.worker.stop(timeout=drain + 15)
+        if self.redis:
+            self.redis.stop()
+        self.console.print("[green]✓[/green] stopped")
+
+
+def run_up(opts: UpOptions) -> int:
+    return Supervisor(opts).run()
