@@ -1,0 +1,59 @@
+"""Paged attention with the Triton kernels: the GPU path.
+
+Each layer's forward is two launches: ``reshape_and_cache`` writes the new
+tokens' K/V at ``meta.slot_mapping``, then ``unified_attention`` handles the
+whole flattened batch (prefill chunks with context and decodes together),
+switching to split-K for small decode-only batches with long contexts.
+Nothing here reads device tensors on the host, so a step is sync-free and,
+with a fixed ``num_kv_splits``, CUDA-graph capturable.
+
+CPU: the same kernels run under Triton's interpreter (slowly; for tests) when
+``TRITON_INTERPRET=1`` is set in the environment BEFORE this module is
+imported, because ``triton.jit`` picks compiled vs interpreted kernels at
+import time. Without it, a CPU forward raises a RuntimeError saying so.
+"""
+from __future__ import annotations
+
+import torch
+
+from gpuworker.attention.base import AttentionBackend, AttentionMetadata, KVCache
+from kernels.reshape_and_cache import reshape_and_cache
+from kernels.unified_attention import unified_attention
+
+
+class TritonAttentionBackend(AttentionBackend):
+    name = "triton"
+
+    def __init__(self, num_kv_splits: int | None = None) -> None:
+        # None: split-K picked per step from the batch shape (see kernels/split_k_decode.py).
+        if num_kv_splits is not None and (not isinstance(num_kv_splits, int) or num_kv_splits < 1):
+            raise ValueError(f"num_kv_splits must be None or an int >= 1, got {num_kv_splits!r}")
+        self.num_kv_splits = num_kv_splits
+
+    def forward(
+        self,
+        q: torch.Tensor,  # [T, Hq, D]
+        k: torch.Tensor,  # [T, Hkv, D]
+        v: torch.Tensor,  # [T, Hkv, D]
+        kv_cache: KVCache,
+        meta: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:
+        key_cache, value_cache = kv_cache
+        if key_cache.shape[1] != meta.block_size:
+            raise ValueError(f"cache block size {key_cache.shape[1]} != metadata block size {meta.block_size}")
+        reshape_and_cache(k, v, key_cache, value_cache, meta.slot_mapping)
+        out = torch.empty_like(q)
+        return unified_attention(
+            q,
+            key_cache,
+            value_cache,
+            out,
+            meta.query_start_loc,
+            meta.seq_lens,
+            meta.block_tables,
+            meta.max_query_len,
+            meta.max_seq_len,
+            scale,
+            self.num_kv_splits,
+        )
