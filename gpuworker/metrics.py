@@ -64,6 +64,8 @@ class WorkerMetrics:
         self.reply_events = c("inferq:reply_events", "Events written to reply streams.")
         self.step_time = h("inferq:engine_step_seconds", "Wall time of one engine step.", STEP_BUCKETS)
         self.publish_time = h("inferq:publish_seconds", "Wall time of one reply pipeline round trip.", STEP_BUCKETS)
+        self.invariant_failures = c("inferq:engine_invariant_failures",
+                                    "Block-pool invariant violations seen (only checked with --check-invariants).")
         self.config = Info("inferq:worker_config", "Worker and engine configuration.", registry=reg)
         self._last_totals = {"q": 0, "h": 0, "p": 0, "pt": 0, "gt": 0}
 

@@ -38,6 +38,8 @@ def parser() -> argparse.ArgumentParser:
         p.add_argument(flag, dest=dest, type=typ, default=None, help=help_)
     p.add_argument("--coalesce-deltas", dest="coalesce_deltas", action=argparse.BooleanOptionalAction, default=None,
                    help="merge a job's deltas within one publish round trip (large batches)")
+    p.add_argument("--check-invariants", dest="check_invariants", action=argparse.BooleanOptionalAction,
+                   default=None, help="verify the KV block pool after aborts and when idle (debugging)")
     p.add_argument("--log-json", dest="log_json", action=argparse.BooleanOptionalAction, default=None,
                    help="JSON log lines (default) or console")
     p.add_argument("--log-prompts", dest="log_prompts", action=argparse.BooleanOptionalAction, default=None,

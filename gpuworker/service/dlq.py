@@ -16,7 +16,7 @@ from gpuworker.service.context import WorkerContext
 DLQ_FIELDS = ("job", "job_id", "entry_id", "code", "reason", "attempts", "worker", "failed_at")
 
 
-def dead_letter(b: Batch, ctx: WorkerContext, *, entry_id: str, raw: str, job_id: str, code: str,
+def dead_letter(b: Batch, ctx: WorkerContext, *, entry_id: str, raw, job_id: str, code: str,
                 reason: str, attempts: int) -> None:
     b.xadd(ctx.dlq, {
         "job": raw,

@@ -44,7 +44,7 @@ class Dropped:
 
 class EngineLoop(threading.Thread):
     def __init__(self, engine, commands: "queue.Queue", to_publisher: "queue.Queue", inflight: InFlight, metrics, log,
-                 rebuild: Optional[Callable[[], object]] = None):
+                 rebuild: Optional[Callable[[], object]] = None, check_invariants: bool = False):
         super().__init__(name="inferq-engine", daemon=True)
         self.engine = engine
         self.commands = commands
@@ -56,6 +56,8 @@ class EngineLoop(threading.Thread):
         self.drain_until: Optional[float] = None  # set by the worker on shutdown
         self.error: Optional[BaseException] = None
         self._in_engine: set[str] = set()
+        # Debug/test aid: verify the block pool after every abort and whenever idle.
+        self.check_invariants = check_invariants
 
     def run(self) -> None:
         try:
@@ -113,6 +115,7 @@ class EngineLoop(threading.Thread):
                 if d is not None:
                     self._in_engine.discard(job_id)
                     self.out.put(StepOutput([d], self.engine.stats(), time.time(), 0.0))
+                self._verify("abort")
         elif kind == "drop":
             job_id = cmd[1]
             if job_id in self._in_engine:
@@ -132,6 +135,17 @@ class EngineLoop(threading.Thread):
             if d.finished:
                 self._in_engine.discard(d.request_id)
         self.out.put(StepOutput(deltas, self.engine.stats(), time.time(), dt))
+        if not self.engine.has_unfinished():
+            self._verify("idle")
+
+    def _verify(self, when: str) -> None:
+        if not self.check_invariants:
+            return
+        try:
+            self.engine.check_invariants()
+        except AssertionError as e:
+            self.metrics.invariant_failures.inc()
+            self.log.error("engine_invariant_failed", when=when, error=str(e))
 
     def _on_fault(self, e: Exception) -> None:
         ids = list(self._in_engine)

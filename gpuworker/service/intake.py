@@ -141,22 +141,24 @@ class Intake(threading.Thread):
     def admit(self, entries: list) -> None:
         """Validate, count the attempt, and start each job (or finish/reject it)."""
         b = Batch()
-        parsed: list[tuple[str, str, Job]] = []
+        parsed: list[tuple[str, object, Job]] = []
         for entry_id, fields in entries:
             entry_id = _s(entry_id)
             if not fields:  # deleted from the stream while pending: nothing left to do
                 b.xack(self.ctx.stream, self.ctx.group, entry_id)
                 continue
             raw_b = fields.get(b"job", fields.get("job"))
-            raw = _s(raw_b) if raw_b is not None else json.dumps({_s(k): _s(v) for k, v in fields.items()})
+            # ``raw`` is what the DLQ keeps: the payload's exact bytes.
+            raw = raw_b if raw_b is not None else json.dumps({_s(k): _s(v) for k, v in fields.items()})
+            text = _s(raw)
             try:
                 if raw_b is None:
                     raise ValueError("stream entry has no 'job' field")
                 if isinstance(raw_b, bytes):
                     raw_b.decode("utf-8")  # invalid UTF-8 is a client error, not a crash
-                job = Job.model_validate_json(raw)
+                job = Job.model_validate_json(text)
             except Exception as e:
-                self._reject(b, entry_id, raw, salvage_job_id(raw), 1, "invalid_job", describe(e))
+                self._reject(b, entry_id, raw, salvage_job_id(text), 1, "invalid_job", describe(e))
                 continue
             parsed.append((entry_id, raw, job))
         if not parsed:
@@ -216,7 +218,7 @@ class Intake(threading.Thread):
             self.inflight.add(st)
             self.to_engine.put(("add", st))
 
-    def _reject(self, b: Batch, entry_id: str, raw: str, job_id: Optional[str], attempt: int, code: str, message: str) -> None:
+    def _reject(self, b: Batch, entry_id: str, raw, job_id: Optional[str], attempt: int, code: str, message: str) -> None:
         self.metrics.error(code)
         self.log.warning("job_rejected", job_id=job_id, entry_id=entry_id, attempt=attempt, code=code, reason=message)
         replies.fail(b, self.ctx, entry_id=entry_id, raw=raw, job_id=job_id, attempt=attempt, seq=0 if attempt <= 1 else 1,

@@ -178,7 +178,7 @@ class Publisher(threading.Thread):
         if retry:
             for st in retry:
                 self.inflight.remove(st.id)
-            self.requeue([(st.entry_id, {b"job": st.raw.encode("utf-8")}) for st in retry])
+            self.requeue([(st.entry_id, {b"job": st.raw if isinstance(st.raw, bytes) else st.raw.encode("utf-8")}) for st in retry])
         self.metrics.inflight.set(len(self.inflight))
 
     def _fail(self, b: Batch, st: JobState, code: str, message: str) -> None:

@@ -59,7 +59,7 @@ def finish(b: Batch, ctx: WorkerContext, st: JobState, reason: str, usage: Usage
     return ev
 
 
-def fail(b: Batch, ctx: WorkerContext, *, entry_id: str, raw: str, job_id: Optional[str], attempt: int,
+def fail(b: Batch, ctx: WorkerContext, *, entry_id: str, raw, job_id: Optional[str], attempt: int,
          seq: int, code: str, message: str) -> None:
     """``error`` event (when the job id is known), DLQ copy, ack + delete."""
     if job_id:

@@ -53,6 +53,8 @@ class WorkerSettings(BaseSettings):
     coalesce_deltas: bool = Field(False, description="Merge a job's deltas within one publish round trip.")
     max_flush_steps: int = Field(8, ge=1, description="Engine steps merged into one pipeline when the publisher lags.")
 
+    check_invariants: bool = Field(False, description="Verify the KV block pool after aborts and when idle (tests, debugging).")
+
     # Observability
     metrics_port: int = Field(0, ge=0, le=65535, description="0 = no metrics server.")
     metrics_addr: str = "0.0.0.0"

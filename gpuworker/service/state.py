@@ -4,7 +4,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 from schemas.job import Job
 
@@ -13,7 +13,7 @@ from schemas.job import Job
 class JobState:
     job: Job
     entry_id: str
-    raw: str  # the job field as read, copied verbatim into the DLQ
+    raw: Union[bytes, str]  # the job field as read, copied verbatim into the DLQ
     attempt: int
     log: Any
     prompt_ids: list[int] = field(default_factory=list)
