@@ -12,6 +12,17 @@ from dataclasses import dataclass
 
 import torch
 
+# |kernel - reference| <= atol + rtol * |reference|, the reference computing in
+# fp32 from the same rounded inputs. The half-precision bounds are about two
+# units in the last place of an O(1) output: both sides round the result to the
+# storage dtype, the kernel also rounds the softmax probabilities to it before
+# P @ V, and the CPU interpreter truncates (rather than rounds) fp32 -> bf16.
+ERROR_BOUNDS = {
+    torch.float32: dict(atol=2e-5, rtol=2e-5),
+    torch.float16: dict(atol=4e-3, rtol=4e-3),
+    torch.bfloat16: dict(atol=3e-2, rtol=3e-2),
+}
+
 
 @dataclass
 class PagedBatch:
@@ -58,17 +69,19 @@ def make_paged_batch(
     shape = (num_blocks, block_size, num_kv_heads, head_dim)
     key_cache = torch.full(shape, float("nan"))
     value_cache = torch.full(shape, float("nan"))
+    flat_keys = key_cache.view(-1, num_kv_heads, head_dim)
+    flat_values = value_cache.view(-1, num_kv_heads, head_dim)
     table_width = max(blocks_per_seq) + 1
     block_tables = torch.zeros(len(chunks), table_width, dtype=torch.int32)
     next_block = 0
     for i, (n_tokens, n_blocks) in enumerate(zip(seq_lens, blocks_per_seq)):
-        table = order[next_block : next_block + n_blocks]
+        table = torch.tensor(order[next_block : next_block + n_blocks], dtype=torch.int64)
         next_block += n_blocks
-        block_tables[i, :n_blocks] = torch.tensor(table, dtype=torch.int32)
-        for pos in range(n_tokens):
-            block, offset = table[pos // block_size], pos % block_size
-            key_cache[block, offset] = torch.randn(num_kv_heads, head_dim, generator=gen) * magnitude
-            value_cache[block, offset] = torch.randn(num_kv_heads, head_dim, generator=gen)
+        block_tables[i, :n_blocks] = table.int()
+        pos = torch.arange(n_tokens)
+        slots = table[pos // block_size] * block_size + pos % block_size
+        flat_keys[slots] = torch.randn(n_tokens, num_kv_heads, head_dim, generator=gen) * magnitude
+        flat_values[slots] = torch.randn(n_tokens, num_kv_heads, head_dim, generator=gen)
 
     query_lens = [q for _, q in chunks]
     num_rows = sum(query_lens)

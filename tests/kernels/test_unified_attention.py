@@ -5,12 +5,10 @@ a CUDA GPU. Every output starts as NaN, so a row the kernel forgets to write
 fails; the cache holds NaN in every slot no sequence owns, so a read past a
 sequence's end or through a wrong block fails too.
 
-Error bounds (|kernel - reference| <= atol + rtol * |reference|, the reference
-computing in fp32 from the same rounded inputs):
+Error bounds (tests/kernels/paged_batch.py, ERROR_BOUNDS), as
+|kernel - reference| <= atol + rtol * |reference|:
   fp32: 2e-5   fp16: 4e-3   bf16: 3e-2
-The half-precision bounds are about two units in the last place of the
-output: both sides round the result to the storage dtype, and the kernel also
-rounds the softmax probabilities to it before the P @ V product.
+Measured on the CPU interpreter the worst cases sit at 4%, 16% and 25% of them.
 """
 from __future__ import annotations
 
@@ -20,13 +18,8 @@ import torch
 from kernels import reference
 from kernels.split_k_decode import choose_num_kv_splits
 from kernels.unified_attention import unified_attention
+from tests.kernels.paged_batch import ERROR_BOUNDS as TOLERANCE
 from tests.kernels.paged_batch import make_paged_batch
-
-TOLERANCE = {
-    torch.float32: dict(atol=2e-5, rtol=2e-5),
-    torch.float16: dict(atol=4e-3, rtol=4e-3),
-    torch.bfloat16: dict(atol=3e-2, rtol=3e-2),
-}
 
 # Per sequence: (context_len, query_len).
 SCENARIOS = {
