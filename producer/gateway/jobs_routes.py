@@ -80,12 +80,15 @@ async def get_job(job_id: str, request: Request, principal: Principal = Depends(
     ctx = ctx_of(request)
     info = await _owned_job(ctx, principal, job_id)
     asm = await ctx.backend.history(job_id)
-    if asm.error_code is not None:
+    recorded = info.get("status")
+    if recorded in ("done", "error", "cancelled"):
+        status = recorded  # the worker's own verdict (it knows a cancel from a plain abort)
+    elif asm.error_code is not None:
         status = "error"
     elif asm.finished:
         status = "done"
     else:
-        status = info.get("status") or ("running" if asm.worker else "queued")
+        status = recorded or ("running" if asm.worker else "queued")
     error = {"code": asm.error_code, "message": asm.error_message} if asm.error_code else None
     return {
         "id": job_id, "object": "job", "status": status, "model": info.get("model"),

@@ -1,0 +1,118 @@
+"""The OpenAI-compatible routes through the official `openai` client, against
+a real worker (tiny random Llama) behind a real Redis."""
+import openai
+import pytest
+from openai import OpenAI
+
+from tests.gateway.stack import TINY
+
+
+@pytest.fixture(scope="module")
+def client(gateway_url):
+    return OpenAI(base_url=f"{gateway_url}/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def greedy_chat(client, **kw):
+    return client.chat.completions.create(model=TINY, messages=[{"role": "user", "content": "Say hello"}],
+                                          temperature=0, **kw)
+
+
+def test_chat_completion_non_streamed(client):
+    r = greedy_chat(client, max_tokens=12)
+    assert r.object == "chat.completion"
+    assert r.model == TINY
+    choice = r.choices[0]
+    assert choice.message.role == "assistant"
+    assert choice.message.content
+    assert choice.finish_reason in ("stop", "length")
+    assert r.usage.completion_tokens <= 12
+    assert r.usage.prompt_tokens > 3  # the chat template wraps the message
+    assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+
+
+def test_chat_stream_equals_non_streamed_and_reports_usage(client):
+    whole = greedy_chat(client, max_tokens=16)
+    chunks = list(greedy_chat(client, max_tokens=16, stream=True, stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content
+    finals = [c for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert len(finals) == 1 and finals[0].choices[0].finish_reason == whole.choices[0].finish_reason
+    # With include_usage the last chunk has no choices and carries the usage.
+    assert chunks[-1].choices == [] and chunks[-1].usage is not None
+    assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+    assert all(c.usage is None for c in chunks[:-1])
+    assert len({c.id for c in chunks}) == 1
+
+
+def test_completion_with_logprobs(client):
+    r = client.completions.create(model=TINY, prompt="The queue", max_tokens=6, temperature=0, logprobs=3,
+                                  extra_body={"ignore_eos": True})
+    choice = r.choices[0]
+    assert r.object == "text_completion"
+    assert choice.finish_reason == "length"
+    assert r.usage.completion_tokens == 6
+    lp = choice.logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 6
+    for tok, chosen, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs):
+        assert tok.startswith("token_id:")
+        assert chosen <= 0.0
+        assert 1 <= len(top) <= 4
+        # Greedy: the chosen token is the most likely one.
+        assert max(top.values()) == pytest.approx(chosen, abs=1e-5)
+
+
+def test_completion_stream(client):
+    whole = client.completions.create(model=TINY, prompt="Once upon", max_tokens=10, temperature=0)
+    chunks = list(client.completions.create(model=TINY, prompt="Once upon", max_tokens=10, temperature=0,
+                                            stream=True))
+    assert "".join(c.choices[0].text for c in chunks) == whole.choices[0].text
+    assert chunks[-1].choices[0].finish_reason == whole.choices[0].finish_reason
+
+
+def test_stop_string_ends_output_before_it(client):
+    base = client.completions.create(model=TINY, prompt="Numbers:", max_tokens=24, temperature=0,
+                                     extra_body={"ignore_eos": True}).choices[0].text
+    assert len(base) > 12
+    stop = base[8:12]
+    cut = base[:base.index(stop)]
+    r = client.completions.create(model=TINY, prompt="Numbers:", max_tokens=24, temperature=0, stop=[stop],
+                                  extra_body={"ignore_eos": True})
+    assert r.choices[0].text == cut
+    assert r.choices[0].finish_reason == "stop"
+
+
+def test_seed_makes_sampling_repeatable(client):
+    kw = dict(model=TINY, prompt="Colors:", max_tokens=12, temperature=1.0, top_p=0.95,
+              extra_body={"ignore_eos": True})
+    a = client.completions.create(seed=1234, **kw).choices[0].text
+    b = client.completions.create(seed=1234, **kw).choices[0].text
+    c = client.completions.create(seed=99, **kw).choices[0].text
+    assert a == b
+    assert a != c
+
+
+def test_max_tokens_is_respected(client):
+    r = greedy_chat(client, max_tokens=3, extra_body={"ignore_eos": True})
+    assert r.usage.completion_tokens == 3
+    assert r.choices[0].finish_reason == "length"
+
+
+def test_models_lists_the_served_model(client):
+    ids = [m.id for m in client.models.list().data]
+    assert TINY in ids
+
+
+def test_unknown_model_is_404_in_openai_shape(client):
+    with pytest.raises(openai.NotFoundError) as e:
+        client.chat.completions.create(model="no-such-model", messages=[{"role": "user", "content": "x"}])
+    assert e.value.status_code == 404
+    assert e.value.body["code"] == "model_not_found"
+    assert "no-such-model" in e.value.body["message"]
+
+
+def test_invalid_parameter_is_400_in_openai_shape(client):
+    with pytest.raises(openai.BadRequestError) as e:
+        greedy_chat(client, max_tokens=4, top_p=1.5)
+    assert e.value.status_code == 400
+    assert "top_p" in e.value.body["message"]
