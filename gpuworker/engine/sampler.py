@@ -11,10 +11,13 @@ Order of operations, as in vLLM:
   4. sampling rows: divide by temperature, keep the top-k, then the top-p
      nucleus, then drop tokens below min_p x the best probability, and draw.
 
-Drawing uses the exponential race (argmax of p / E with E ~ Exp(1)), which is
-an exact sample from p. Rows with their own ``torch.Generator`` fill their
-noise from it, so a seeded request draws the same tokens on re-run whatever
-else shares the batch; unseeded rows share one batched draw from the global RNG.
+Drawing is by inverse CDF: one uniform u per row, the first token whose
+cumulative probability exceeds u. Rows with their own ``torch.Generator`` take
+u from it, so a seeded request draws the same tokens on re-run whatever else
+shares the batch (given the same logits); unseeded rows share one batched draw
+from the global RNG. Rows with top-k/top-p work on a partial sort of their best
+tokens (widened only when a nucleus does not fit), never a full-vocabulary sort
+unless needed.
 
 The all-greedy batch without penalties or logprobs is one argmax, nothing else.
 Everything else builds its per-row parameter tensors once per call.
@@ -30,8 +33,6 @@ from schemas import SamplingParams
 
 # Temperatures below this are treated as greedy (dividing by them overflows).
 _GREEDY_EPS = 1e-5
-# Exponential noise can be exactly 0; keep p / E finite.
-_TINY = 1e-20
 
 
 @dataclass
@@ -65,6 +66,10 @@ def _is_greedy(p: SamplingParams) -> bool:
     return p.temperature < _GREEDY_EPS
 
 
+def _is_plain_greedy(p: SamplingParams) -> bool:
+    return p.temperature < _GREEDY_EPS and p.logprobs is None and not p.uses_penalties
+
+
 class Sampler:
     def __call__(self, logits: torch.Tensor, rows: list[SamplingRow]) -> SamplerOutput:
         if logits.dim() != 2 or logits.shape[0] != len(rows):
@@ -75,130 +80,123 @@ class Sampler:
         n = len(rows)
         if n == 0:
             return SamplerOutput([], [])
+        # Fast path: one argmax for the whole batch (the check stops at the first other row).
+        if all(_is_plain_greedy(r.params) for r in rows):
+            return SamplerOutput(logits.argmax(dim=-1).tolist(), [None] * n)
+
         params = [r.params for r in rows]
         greedy = [_is_greedy(p) for p in params]
         penal = [p.uses_penalties for p in params]
         want_lp = [p.logprobs is not None for p in params]
 
-        # Fast path: one argmax for the whole batch.
-        if all(greedy) and not any(penal) and not any(want_lp):
-            return SamplerOutput(logits.argmax(dim=-1).tolist(), [None] * n)
-
         logits = logits.float()
         if any(penal):
-            logits = logits.clone()  # never modify the caller's tensor
+            logits = logits.clone(memory_format=torch.contiguous_format)  # never modify the caller's tensor
             self._apply_penalties(logits, rows, [i for i in range(n) if penal[i]])
 
-        logprobs_all = None
-        if any(want_lp):
-            logprobs_all = torch.log_softmax(logits, dim=-1)
-
-        tokens = logits.argmax(dim=-1)
         sample_idx = [i for i in range(n) if not greedy[i]]
-        if sample_idx:
-            sampled = self._sample(logits, rows, sample_idx)
-            if len(sample_idx) == n:
-                tokens = sampled
-            else:
+        if len(sample_idx) == n:
+            tokens = self._sample(logits, rows, sample_idx)
+        else:
+            tokens = logits.argmax(dim=-1)
+            if sample_idx:
+                sampled = self._sample(logits, rows, sample_idx)
                 tokens[torch.tensor(sample_idx, device=tokens.device)] = sampled
 
         token_list = tokens.tolist()
         lp_out: list[Optional[dict[int, float]]] = [None] * n
-        if logprobs_all is not None:
-            lp_out = self._gather_logprobs(logprobs_all, tokens, params, want_lp)
+        if any(want_lp):
+            lp_out = self._gather_logprobs(logits, tokens, params, want_lp)
         return SamplerOutput(token_list, lp_out)
 
     # ------------------------------------------------------------------ penalties
     @staticmethod
     def _apply_penalties(logits: torch.Tensor, rows: list[SamplingRow], idx: list[int]) -> None:
-        """In place on ``logits`` for the rows in ``idx``."""
+        """In place on the contiguous ``logits``, touching only the tokens seen.
+
+        Works on flat indices (row * vocab + token) so the cost follows the
+        number of prompt/output tokens, not rows x vocab.
+        """
         device = logits.device
         vocab = logits.shape[1]
-        sel = torch.tensor(idx, device=device)
-        sub = logits.index_select(0, sel)
-        ps = [rows[i].params for i in idx]
+        flat = logits.view(-1)
+        ps = {i: rows[i].params for i in idx}
 
-        # Output-token counts [m, V]; padding goes to an extra column that is dropped.
-        out_ids = _pad([rows[i].output_token_ids for i in idx], vocab, device)
-        counts = torch.zeros(len(idx), vocab + 1, device=device, dtype=torch.float32)
-        if out_ids.shape[1]:
-            counts.scatter_add_(1, out_ids, torch.ones_like(out_ids, dtype=torch.float32))
-        counts = counts[:, :vocab]
-        seen_out = counts > 0
+        out_flat = _flat_ids([(i, rows[i].output_token_ids) for i in idx], vocab, device)
+        rep_rows = [i for i in idx if ps[i].repetition_penalty != 1.0]
+        if rep_rows:
+            seen = _flat_ids(
+                [(i, rows[i].prompt_token_ids) for i in rep_rows] + [(i, rows[i].output_token_ids) for i in rep_rows],
+                vocab,
+                device,
+            ).unique()
+            rep = torch.ones(logits.shape[0], device=device, dtype=logits.dtype)
+            rep[torch.tensor(rep_rows, device=device)] = torch.tensor(
+                [ps[i].repetition_penalty for i in rep_rows], device=device, dtype=logits.dtype
+            )
+            r = rep[seen // vocab]
+            vals = flat[seen]
+            flat[seen] = torch.where(vals > 0, vals / r, vals * r)
 
-        rep = torch.tensor([p.repetition_penalty for p in ps], device=device, dtype=torch.float32)
-        if bool((rep != 1.0).any()):
-            prompt_ids = _pad([rows[i].prompt_token_ids for i in idx], vocab, device)
-            seen = torch.zeros(len(idx), vocab + 1, device=device, dtype=torch.bool)
-            if prompt_ids.shape[1]:
-                seen.scatter_(1, prompt_ids, True)
-            seen = seen[:, :vocab] | seen_out
-            r = rep[:, None].expand_as(sub)
-            penalised = torch.where(sub > 0, sub / r, sub * r)
-            sub = torch.where(seen, penalised, sub)
-
-        freq = torch.tensor([p.frequency_penalty for p in ps], device=device, dtype=torch.float32)
-        pres = torch.tensor([p.presence_penalty for p in ps], device=device, dtype=torch.float32)
-        sub = sub - freq[:, None] * counts - pres[:, None] * seen_out.float()
-        logits.index_copy_(0, sel, sub)
+        if out_flat.numel() and any(ps[i].frequency_penalty or ps[i].presence_penalty for i in idx):
+            freq = torch.zeros(logits.shape[0], device=device, dtype=logits.dtype)
+            pres = torch.zeros_like(freq)
+            sel = torch.tensor(idx, device=device)
+            freq[sel] = torch.tensor([ps[i].frequency_penalty for i in idx], device=device, dtype=logits.dtype)
+            pres[sel] = torch.tensor([ps[i].presence_penalty for i in idx], device=device, dtype=logits.dtype)
+            tok, count = out_flat.unique(return_counts=True)
+            row = tok // vocab
+            flat[tok] -= freq[row] * count.to(logits.dtype) + pres[row]
 
     # ------------------------------------------------------------------- sampling
     @staticmethod
     def _sample(logits: torch.Tensor, rows: list[SamplingRow], idx: list[int]) -> torch.Tensor:
+        """Draw one token for each row in ``idx`` (all with temperature > 0)."""
         device = logits.device
         vocab = logits.shape[1]
-        if len(idx) == logits.shape[0]:
-            sub = logits.clone()
-        else:
-            sub = logits.index_select(0, torch.tensor(idx, device=device))
         ps = [rows[i].params for i in idx]
 
-        temp = torch.tensor([p.temperature for p in ps], device=device, dtype=torch.float32)
-        sub.div_(temp[:, None])
-
-        ks = [p.top_k if 0 < p.top_k < vocab else vocab for p in ps]
-        tops = [p.top_p for p in ps]
-        if any(k < vocab for k in ks) or any(t < 1.0 for t in tops):
-            sorted_vals, order = sub.sort(dim=-1, descending=True)
-            pos = torch.arange(vocab, device=device)[None, :]
-            k_t = torch.tensor(ks, device=device)[:, None]
-            drop = pos >= k_t  # exactly k kept, ties broken by sort order
-            sorted_vals = sorted_vals.masked_fill(drop, float("-inf"))
-            if any(t < 1.0 for t in tops):
-                # Keep a token while the mass strictly before it is below top_p
-                # (the best token always stays). top_p == 1 keeps everything.
-                p_t = torch.tensor([t if t < 1.0 else 2.0 for t in tops], device=device)[:, None]
-                probs_sorted = torch.softmax(sorted_vals, dim=-1)
-                mass_before = probs_sorted.cumsum(dim=-1) - probs_sorted
-                sorted_vals = sorted_vals.masked_fill(mass_before >= p_t, float("-inf"))
-            sub = torch.empty_like(sub).scatter_(1, order, sorted_vals)
-
-        min_ps = [p.min_p for p in ps]
-        if any(m > 0.0 for m in min_ps):
-            # p_i < min_p * p_max  <=>  logit_i < logit_max + log(min_p)
-            m_t = torch.tensor(min_ps, device=device, dtype=torch.float32)
-            floor = sub.max(dim=-1, keepdim=True).values + torch.log(m_t)[:, None]
-            sub = sub.masked_fill(sub < floor, float("-inf"))
-
-        probs = torch.softmax(sub, dim=-1)
-        noise = torch.empty_like(probs).exponential_()
+        # Inverse CDF needs one uniform per row. Seeded rows take theirs from
+        # their own generator, so their draw does not depend on the batch.
+        u = torch.rand(len(idx), device=device)
         for j, i in enumerate(idx):
             g = rows[i].generator
             if g is not None:
-                noise[j].exponential_(generator=g)
-        return (probs / noise.clamp_min_(_TINY)).argmax(dim=-1)
+                u[j] = torch.rand(1, generator=g, device=g.device).to(device)[0]
+
+        # Rows with top-k/top-p sample among their best tokens only (a partial
+        # sort); the others sample over the whole vocabulary.
+        ks = [p.top_k if 0 < p.top_k < vocab else vocab for p in ps]
+        truncated = [j for j, p in enumerate(ps) if ks[j] < vocab or p.top_p < 1.0]
+        plain = [j for j in range(len(idx)) if ks[j] >= vocab and ps[j].top_p >= 1.0]
+        picked = torch.empty(len(idx), dtype=torch.long, device=device)
+        for group, fn in ((plain, _sample_full), (truncated, _sample_truncated)):
+            if not group:
+                continue
+            sel = torch.tensor([idx[j] for j in group], device=device)
+            g_logits = logits if len(group) == logits.shape[0] else logits.index_select(0, sel)
+            g_params = [ps[j] for j in group]
+            temp = torch.tensor([p.temperature for p in g_params], device=device, dtype=logits.dtype)
+            g_u = u if len(group) == len(idx) else u[torch.tensor(group, device=device)]
+            # Division makes a new tensor: the caller's logits stay as they were.
+            tokens = fn(g_logits / temp[:, None], g_params, g_u)
+            if len(group) == len(idx):
+                return tokens
+            picked[torch.tensor(group, device=device)] = tokens
+        return picked
 
     # ------------------------------------------------------------------- logprobs
     @staticmethod
     def _gather_logprobs(
-        logprobs_all: torch.Tensor,
+        logits: torch.Tensor,
         tokens: torch.Tensor,
         params: list[SamplingParams],
         want: list[bool],
     ) -> list[Optional[dict[int, float]]]:
+        """Log-softmax of the penalised logits, for the rows that asked only."""
         idx = [i for i, w in enumerate(want) if w]
-        sel = torch.tensor(idx, device=logprobs_all.device)
-        lp = logprobs_all.index_select(0, sel)
+        sel = torch.tensor(idx, device=logits.device)
+        lp = torch.log_softmax(logits.index_select(0, sel), dim=-1)
         chosen = tokens.index_select(0, sel)
         chosen_lp = lp.gather(1, chosen[:, None])[:, 0].tolist()
         chosen_ids = chosen.tolist()
@@ -219,12 +217,80 @@ class Sampler:
         return out
 
 
-def _pad(seqs: list[list[int]], pad: int, device) -> torch.Tensor:
-    """Right-pad id lists with ``pad`` into one [m, max_len] long tensor."""
-    width = max((len(s) for s in seqs), default=0)
-    buf = torch.full((len(seqs), width), pad, dtype=torch.long)
-    for j, s in enumerate(seqs):
-        if s:
-            buf[j, : len(s)] = torch.as_tensor(s, dtype=torch.long)
-    # Ids past the logits' width (a tokenizer larger than the head) count nowhere.
-    return buf.clamp_(max=pad).to(device)
+# Top-k / top-p first look at this many best tokens (a partial sort), widening
+# to a full sort only when some row's nucleus does not fit.
+_PARTIAL_WIDTHS = (1024, 8192)
+
+
+def _min_p_floor(best: torch.Tensor, params: list[SamplingParams]) -> Optional[torch.Tensor]:
+    """Per-row logit floor for min-p: p_i < min_p * p_max <=> logit_i < best + log(min_p)."""
+    if not any(p.min_p > 0.0 for p in params):
+        return None
+    m = torch.tensor([p.min_p for p in params], device=best.device, dtype=best.dtype)
+    return best + torch.log(m)[:, None]  # log(0) = -inf: no floor
+
+
+def _draw(logits: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Index of the first token whose cumulative probability exceeds u (per row).
+
+    Zero-probability (-inf) tokens never qualify: their cumulative mass equals
+    their predecessor's.
+    """
+    cdf = torch.softmax(logits, dim=-1).cumsum_(dim=-1)
+    picked = torch.searchsorted(cdf, (u[:, None] * cdf[:, -1:]).contiguous(), right=True)[:, 0]
+    return picked.clamp_(max=logits.shape[1] - 1)
+
+
+def _sample_full(logits: torch.Tensor, params: list[SamplingParams], u: torch.Tensor) -> torch.Tensor:
+    """Temperature-scaled rows without top-k/top-p: min-p, then draw over the vocabulary."""
+    floor = _min_p_floor(logits.max(dim=-1, keepdim=True).values, params)
+    if floor is not None:
+        logits = logits.masked_fill(logits < floor, float("-inf"))
+    return _draw(logits, u)
+
+
+def _sample_truncated(logits: torch.Tensor, params: list[SamplingParams], u: torch.Tensor) -> torch.Tensor:
+    """Top-k, then top-p, then min-p, then draw, within each row's best tokens."""
+    vocab = logits.shape[1]
+    device = logits.device
+    ks = torch.tensor([p.top_k if 0 < p.top_k < vocab else vocab for p in params], device=device)[:, None]
+    max_k = max((p.top_k for p in params if 0 < p.top_k < vocab), default=0)
+    nucleus_only = [p.top_p < 1.0 and not 0 < p.top_k < vocab for p in params]
+    # Top-p needs each row's normaliser: over its k kept tokens, or the whole row.
+    nucleus_t = torch.tensor(nucleus_only, device=device)
+    row_lse = torch.logsumexp(logits, dim=-1, keepdim=True) if any(nucleus_only) else None
+    top_p = torch.tensor([p.top_p if p.top_p < 1.0 else 2.0 for p in params], device=device)[:, None]
+
+    widths = [w for w in _PARTIAL_WIDTHS if w > max_k and w < vocab] if any(nucleus_only) else []
+    widths = ([max_k] if not any(nucleus_only) else widths) + [vocab]
+    for width in widths:
+        vals, order = logits.topk(width, dim=-1) if width < vocab else logits.sort(dim=-1, descending=True)
+        pos = torch.arange(width, device=device)[None, :]
+        vals = vals.masked_fill(pos >= ks, float("-inf"))  # exactly k kept, ties broken by rank
+        if row_lse is not None or bool((top_p < 1.0).any()):
+            norm = torch.logsumexp(vals, dim=-1, keepdim=True)
+            if row_lse is not None:
+                norm = torch.where(nucleus_t[:, None], row_lse, norm)
+            probs = torch.exp(vals - norm)
+            # Keep a token while the mass strictly before it is below top_p (the
+            # best token always stays).
+            vals = vals.masked_fill(probs.cumsum(dim=-1) - probs >= top_p, float("-inf"))
+        # A nucleus (without top-k) that keeps all `width` tokens may go on past them.
+        if width < vocab and bool((torch.isfinite(vals[:, -1]) & nucleus_t).any()):
+            continue
+        floor = _min_p_floor(vals[:, :1], params)
+        if floor is not None:
+            vals = vals.masked_fill(vals < floor, float("-inf"))
+        return order.gather(1, _draw(vals, u)[:, None])[:, 0]
+    raise AssertionError("unreachable: the full-vocabulary width always returns")
+
+
+def _flat_ids(rows: list[tuple[int, list[int]]], vocab: int, device) -> torch.Tensor:
+    """Flat indices row * vocab + id for every (row, ids) pair; ids past the
+    logits' width (a tokenizer larger than the head) are dropped."""
+    tensors = [(row, torch.as_tensor(ids, dtype=torch.long)) for row, ids in rows if ids]
+    if not tensors:
+        return torch.empty(0, dtype=torch.long, device=device)
+    ids = torch.cat([t for _, t in tensors])
+    flat = torch.cat([t + row * vocab for row, t in tensors])
+    return flat[(ids >= 0) & (ids < vocab)].to(device)

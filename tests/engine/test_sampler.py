@@ -276,3 +276,26 @@ def test_logprobs_are_before_temperature():
     for tid, lp in out.logprobs[0].items():
         assert lp == pytest.approx(float(ref[tid]), abs=1e-5)
     assert math.isfinite(sum(out.logprobs[0].values()))
+
+
+@pytest.mark.parametrize("nucleus", [300, 3000, 9000])
+def test_wide_nucleus_is_exact_whatever_its_size(nucleus):
+    """Top-p over a large, nearly flat vocabulary: partial sorts must widen as needed."""
+    vocab = 10_000
+    logits = -torch.arange(vocab, dtype=torch.float64) * 1e-5  # distinct, nearly uniform
+    probs = torch.softmax(logits, -1)
+    # top_p halfway through token `nucleus - 1`: exactly `nucleus` tokens are kept.
+    top_p = float(probs[: nucleus - 1].sum() + probs[nucleus - 1] / 2)
+    torch.manual_seed(5)
+    one = row(temperature=1.0, top_p=top_p)
+    tokens = sampler(logits.float().expand(1000, -1).contiguous(), [one] * 1000).token_ids
+    assert max(tokens) < nucleus
+    assert max(tokens) >= nucleus * 0.98  # tokens near the edge of the nucleus do get drawn
+
+
+def test_top_k_alone_on_a_large_vocabulary():
+    logits = random_logits(1, vocab=5000, seed=13)[0]
+    torch.manual_seed(6)
+    one = row(temperature=3.0, top_k=40)
+    tokens = set(sampler(logits.expand(2000, -1).contiguous(), [one] * 2000).token_ids)
+    assert tokens == set(logits.topk(40).indices.tolist())
