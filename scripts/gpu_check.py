@@ -1,0 +1,371 @@
+#!/usr/bin/env python3
+"""One-command GPU check of inferq's Triton path (NVIDIA H200; no network; under 8 minutes).
+
+    python3 scripts/gpu_check.py [--out DIR] [--budget-s 450] [--skip-engine] [--skip-pytest]
+    TRITON_INTERPRET=1 python3 scripts/gpu_check.py --cpu-smoke   # this script's own logic, tiny shapes, on CPU
+
+Needs only PyTorch and Triton. Everything else is optional and skipped with a
+reason when missing (carry wheels as scripts/gpu_check.sh explains):
+
+1. kernels   Triton vs the torch reference on the GPU: fp16/bf16/fp32, GQA 1-8,
+             head sizes 64/128, block sizes 16-128, prefill chunks with context,
+             mixed batches, split-K forced and automatic; NaN-poisoned outputs.
+2. decode    one layer's attention for decode batches 1/64/256 at 1k context
+             with SmolLM2-135M shapes (Hq 9, Hkv 3, D 64, bf16, block 16):
+             time, bytes moved, achieved GB/s next to the 4.8 TB/s floor; the
+             torch backend on the same batch for comparison.
+3. engine    the offline benchmark (scripts/bench_offline.py) in bf16 on the
+             GPU with attention_backend="triton" against HF transformers
+             generate, when gpuworker, transformers and a model are available.
+4. pytest    tests/kernels compiled on the GPU (if pytest is installed).
+
+Prints one table at the end and writes it as JSON to --out (default: $OUT or .).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+CPU_SMOKE = "--cpu-smoke" in sys.argv
+if CPU_SMOKE:  # must precede any kernels.* import: triton.jit reads it at definition time
+    os.environ["TRITON_INTERPRET"] = "1"
+else:
+    os.environ.pop("TRITON_INTERPRET", None)  # compiled kernels only
+
+import torch  # noqa: E402
+
+DEVICE = torch.device("cpu" if CPU_SMOKE else "cuda")
+
+H200_BANDWIDTH = 4.8e12  # bytes/s, vendor datasheet (REFERENCES.md)
+# Whole decode-step floors from REFERENCES.md (weights + KV at 1k context, 30 layers), µs.
+STEP_FLOOR_US = {1: 61, 64: 371, 256: 1310}
+SMOL = dict(num_heads=9, num_kv_heads=3, head_dim=64, layers=30)
+
+ROWS: list[dict] = []
+
+
+def row(section: str, item: str, result: str, detail: str = "") -> None:
+    ROWS.append({"section": section, "item": item, "result": result, "detail": detail})
+    print(f"[{section}] {item}: {result} {detail}", flush=True)
+
+
+class Budget:
+    def __init__(self, seconds: float):
+        self.end = time.monotonic() + seconds
+
+    def left(self) -> float:
+        return self.end - time.monotonic()
+
+
+# --------------------------------------------------------------------------- 1. kernels
+KERNEL_CASES = [
+    # name, chunks (context_len, query_len), Hq, Hkv, D, block size, dtype, num_kv_splits
+    ("smollm mixed", [(0, 37), (100, 1), (1023, 1), (16, 16), (5, 60)], 9, 3, 64, 16, torch.bfloat16, None),
+    ("smollm mixed", [(0, 37), (100, 1), (1023, 1), (16, 16), (5, 60)], 9, 3, 64, 16, torch.float16, None),
+    ("llama8b-like chunk", [(1000, 512), (300, 1), (0, 200)], 32, 8, 128, 16, torch.bfloat16, None),
+    ("gqa1 d128 bs32", [(70, 33), (0, 1), (511, 1)], 8, 8, 128, 32, torch.float16, None),
+    ("gqa4 bs128", [(130, 1), (257, 70), (0, 129)], 16, 4, 64, 128, torch.bfloat16, None),
+    ("gqa8 bs64 d128", [(64, 64), (1, 1), (999, 1)], 32, 4, 128, 64, torch.bfloat16, None),
+    ("split-K auto 1 seq 4k", [(4095, 1)], 9, 3, 64, 16, torch.bfloat16, None),
+    ("split-K forced 5 decodes", [(2000, 1), (1, 1), (300, 1), (777, 1), (16, 1)], 9, 3, 64, 16, torch.float16, 7),
+    ("split-K forced mixed", [(0, 100), (500, 1), (40, 20)], 8, 2, 64, 16, torch.bfloat16, 4),
+    ("ieee dots", [(0, 50), (200, 1), (33, 17)], 6, 2, 64, 16, torch.float32, None),
+    ("d128 split", [(900, 1), (10, 1)], 4, 1, 128, 16, torch.float32, 8),
+]
+
+
+def check_kernels(budget: Budget) -> None:
+    from kernels import reference
+    from kernels.reshape_and_cache import reshape_and_cache
+    from kernels.runtime import is_interpreted
+    from kernels.unified_attention import _unified_attention_kernel, unified_attention
+    from tests.kernels.paged_batch import ERROR_BOUNDS, make_paged_batch
+
+    assert is_interpreted(_unified_attention_kernel) == CPU_SMOKE, "kernels compiled/interpreted the wrong way"
+    dev = DEVICE
+    for name, chunks, hq, hkv, d, bs, dtype, splits in KERNEL_CASES:
+        if CPU_SMOKE:  # the interpreter is slow: shrink every sequence
+            chunks = [(min(c, 40), min(q, 9)) for c, q in chunks]
+            hq, hkv = hq // hkv, 1
+        if budget.left() < 60:
+            row("kernels", name, "SKIPPED", "time budget")
+            continue
+        batch = make_paged_batch(
+            chunks, num_heads=hq, num_kv_heads=hkv, head_dim=d, block_size=bs,
+            dtype=dtype, device=dev, seed=len(name), pad_rows=3,
+        )
+        scale = d**-0.5
+        out = unified_attention(*batch.attention_args(batch.poisoned_out(), scale, splits))
+        ref = reference.unified_attention(*batch.attention_args(batch.poisoned_out(), scale))
+        synchronize()
+        n = batch.num_rows
+        diff = (out[:n].float() - ref[:n].float()).abs()
+        bound = ERROR_BOUNDS[dtype]
+        ratio = (diff / (bound["atol"] + bound["rtol"] * ref[:n].float().abs())).max().item()
+        nan_rows = int(out[:n].isnan().any(dim=(1, 2)).sum())
+        pad_touched = not bool(out[n:].isnan().all())
+        ok = nan_rows == 0 and not pad_touched and ratio <= 1.0
+        row(
+            "kernels", f"{name} {str(dtype)[6:]}", "PASS" if ok else "FAIL",
+            f"max|err| {diff.max().item():.2e} = {ratio:.2f} of bound; nan rows {nan_rows}; pad written {pad_touched}",
+        )
+
+    # reshape_and_cache: bit-exact against the reference, negative slots skipped
+    gen = torch.Generator().manual_seed(0)
+    num_tokens = 20 if CPU_SMOKE else 300
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        shape = (64, 16, 8, 128)
+        kc = torch.randn(shape, generator=gen).to(dtype).to(dev)
+        vc = torch.randn(shape, generator=gen).to(dtype).to(dev)
+        key = torch.randn(num_tokens, 8, 128, generator=gen).to(dtype).to(dev)
+        val = torch.randn(num_tokens, 8, 128, generator=gen).to(dtype).to(dev)
+        slots = torch.randperm(64 * 16, generator=gen)[:num_tokens].to(dev)
+        slots[::7] = -1
+        kr, vr = kc.clone(), vc.clone()
+        reference.reshape_and_cache(key, val, kr, vr, slots)
+        reshape_and_cache(key, val, kc, vc, slots)
+        ok = torch.equal(kc, kr) and torch.equal(vc, vr)
+        row("kernels", f"reshape_and_cache {str(dtype)[6:]}", "PASS" if ok else "FAIL", "bit-exact vs reference")
+
+
+# --------------------------------------------------------------------------- 2. decode timing
+def decode_batch(num_seqs: int, seq_len: int, block_size: int = 16, dtype=torch.bfloat16):
+    """A decode-only step: every sequence has seq_len tokens, the last one new."""
+    dev = DEVICE
+    hq, hkv, d = SMOL["num_heads"], SMOL["num_kv_heads"], SMOL["head_dim"]
+    blocks_per_seq = -(-seq_len // block_size)
+    num_blocks = num_seqs * blocks_per_seq + 8
+    key_cache = torch.randn(num_blocks, block_size, hkv, d, device=dev, dtype=dtype)
+    value_cache = torch.randn(num_blocks, block_size, hkv, d, device=dev, dtype=dtype)
+    tables = torch.randperm(num_blocks, device=dev)[: num_seqs * blocks_per_seq].view(num_seqs, blocks_per_seq)
+    return dict(
+        q=torch.randn(num_seqs, hq, d, device=dev, dtype=dtype),
+        k=torch.randn(num_seqs, hkv, d, device=dev, dtype=dtype),
+        v=torch.randn(num_seqs, hkv, d, device=dev, dtype=dtype),
+        key_cache=key_cache,
+        value_cache=value_cache,
+        block_tables=tables.int().contiguous(),
+        seq_lens=torch.full((num_seqs,), seq_len, dtype=torch.int32, device=dev),
+        query_start_loc=torch.arange(num_seqs + 1, dtype=torch.int32, device=dev),
+        slot_mapping=(tables[:, (seq_len - 1) // block_size].long() * block_size + (seq_len - 1) % block_size),
+        num_seqs=num_seqs,
+        seq_len=seq_len,
+        block_size=block_size,
+    )
+
+
+def attention_bytes(b: dict) -> int:
+    """Bytes one layer's decode attention must move: K and V of every context token, q in, out."""
+    elt = b["key_cache"].element_size()
+    kv = 2 * b["num_seqs"] * b["seq_len"] * SMOL["num_kv_heads"] * SMOL["head_dim"] * elt
+    qo = 2 * b["num_seqs"] * SMOL["num_heads"] * SMOL["head_dim"] * elt
+    return kv + qo
+
+
+def synchronize() -> None:
+    if DEVICE.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def time_ms(fn) -> float:
+    if CPU_SMOKE:  # one interpreted run: checks the plumbing, not the speed
+        start = time.perf_counter()
+        fn()
+        return (time.perf_counter() - start) * 1e3
+    import triton.testing
+
+    return triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median")  # flushes L2 between runs
+
+
+def time_decode(budget: Budget) -> None:
+    from kernels.split_k_decode import choose_num_kv_splits
+    from kernels.unified_attention import unified_attention
+
+    seq_len = 64 if CPU_SMOKE else 1024
+    sms = torch.cuda.get_device_properties(0).multi_processor_count if DEVICE.type == "cuda" else 132
+    torch_backend = metadata_cls = None
+    try:
+        from gpuworker.attention.base import AttentionMetadata as metadata_cls
+        from gpuworker.attention.torch_backend import TorchAttentionBackend
+        from gpuworker.attention.triton_backend import TritonAttentionBackend
+
+        torch_backend, triton_backend = TorchAttentionBackend(), TritonAttentionBackend()
+    except Exception as exc:  # the backends only need torch, but say why if they fail
+        row("decode", "backend comparison", "SKIPPED", f"gpuworker.attention import failed: {exc!r}")
+
+    for num_seqs in (1, 64, 256):
+        if CPU_SMOKE and num_seqs > 1:
+            continue
+        if budget.left() < 45:
+            row("decode", f"batch {num_seqs}", "SKIPPED", "time budget")
+            continue
+        b = decode_batch(num_seqs, seq_len)
+        scale = SMOL["head_dim"] ** -0.5
+        out = torch.empty_like(b["q"])
+        auto_splits = choose_num_kv_splits(num_seqs, SMOL["num_kv_heads"], 1, seq_len, sms)
+
+        def attend(splits):
+            return lambda: unified_attention(
+                b["q"], b["key_cache"], b["value_cache"], out, b["query_start_loc"], b["seq_lens"],
+                b["block_tables"], 1, seq_len, scale, splits,
+            )
+
+        nbytes = attention_bytes(b)
+        floor_us = nbytes / H200_BANDWIDTH * 1e6
+        t_auto = time_ms(attend(None)) * 1e3
+        detail = (
+            f"{t_auto:.1f} µs/layer ({auto_splits} split{'s' if auto_splits > 1 else ''}); "
+            f"{nbytes / 1e6:.2f} MB -> {nbytes / t_auto / 1e3:.0f} GB/s = {100 * floor_us / t_auto:.0f}% of 4.8 TB/s "
+            f"(floor {floor_us:.1f} µs); x30 layers {30 * t_auto:.0f} µs vs whole-step floor "
+            f"{STEP_FLOOR_US[num_seqs]} µs"
+        )
+        row("decode", f"batch {num_seqs} @{seq_len} triton attention", f"{nbytes / t_auto / 1e3:.0f} GB/s", detail)
+        if auto_splits > 1:
+            t_one = time_ms(attend(1)) * 1e3
+            row("decode", f"batch {num_seqs} @{seq_len} without split-K", f"{nbytes / t_one / 1e3:.0f} GB/s",
+                f"{t_one:.1f} µs/layer; split-K speed-up x{t_one / t_auto:.2f}")
+        if torch_backend is not None:
+            meta = metadata_cls(
+                slot_mapping=b["slot_mapping"], query_start_loc=b["query_start_loc"], seq_lens=b["seq_lens"],
+                context_lens=b["seq_lens"] - 1, block_tables=b["block_tables"], max_query_len=1,
+                max_seq_len=seq_len, block_size=b["block_size"], query_lens_cpu=[1] * num_seqs,
+                seq_lens_cpu=[seq_len] * num_seqs,
+            )
+            cache = (b["key_cache"], b["value_cache"])
+            t_triton = time_ms(lambda: triton_backend.forward(b["q"], b["k"], b["v"], cache, meta, scale)) * 1e3
+            t_torch = time_ms(lambda: torch_backend.forward(b["q"], b["k"], b["v"], cache, meta, scale)) * 1e3
+            row("decode", f"batch {num_seqs} @{seq_len} backend forward", f"triton {t_triton:.1f} µs vs torch {t_torch:.1f} µs",
+                f"cache write + attention; triton x{t_torch / t_triton:.1f} faster")
+        del b
+        if DEVICE.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+# --------------------------------------------------------------------------- 3. engine
+def run_engine_benchmark(budget: Budget, out_dir: Path) -> None:
+    bench = REPO / "scripts" / "bench_offline.py"
+    missing = [m for m in ("transformers", "pydantic") if not _importable(m)]
+    if missing:
+        row("engine", "offline benchmark", "SKIPPED", f"missing packages {missing}; carry wheels (scripts/gpu_check.sh)")
+        return
+    if not bench.exists():
+        row("engine", "offline benchmark", "SKIPPED", "scripts/bench_offline.py is not in this checkout")
+        return
+    timeout = int(budget.left() - 40)
+    if timeout < 90:
+        row("engine", "offline benchmark", "SKIPPED", "time budget")
+        return
+    cmd = [sys.executable, str(bench), *engine_benchmark_args(out_dir)]
+    row("engine", "command", "RUN", " ".join(cmd[1:]))
+    try:
+        proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        tail = (exc.stdout or b"")[-1500:]
+        row("engine", "offline benchmark", "TIMEOUT", f"after {timeout}s; tail: {tail!r}")
+        return
+    (out_dir / "bench_offline.log").write_text(proc.stdout + "\n--- stderr ---\n" + proc.stderr)
+    if proc.returncode != 0:
+        row("engine", "offline benchmark", "FAIL", f"rc {proc.returncode}: {proc.stderr.strip()[-800:]}")
+        return
+    for line in proc.stdout.strip().splitlines()[-12:]:
+        row("engine", "bench_offline", "", line)
+
+
+def engine_benchmark_args(out_dir: Path) -> list[str]:
+    """Arguments for scripts/bench_offline.py on the GPU (its CLI is owned by the benchmark script)."""
+    return ["--device", "cuda", "--dtype", "bfloat16", "--attention-backend", "triton"]
+
+
+def _importable(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
+
+
+# --------------------------------------------------------------------------- 4. pytest
+def run_pytest(budget: Budget, out_dir: Path) -> None:
+    if not _importable("pytest"):
+        row("pytest", "tests/kernels", "SKIPPED", "pytest is not installed")
+        return
+    timeout = int(budget.left() - 10)
+    if timeout < 60:
+        row("pytest", "tests/kernels", "SKIPPED", "time budget")
+        return
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/kernels", "-k", "not engine"]
+    try:
+        proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        row("pytest", "tests/kernels", "TIMEOUT", f"after {timeout}s")
+        return
+    (out_dir / "pytest_kernels.log").write_text(proc.stdout + proc.stderr)
+    summary = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else proc.stderr[-300:]
+    row("pytest", "tests/kernels (compiled, CUDA)", "PASS" if proc.returncode == 0 else "FAIL", summary)
+
+
+# --------------------------------------------------------------------------- main
+def print_table() -> None:
+    widths = [max(len(r[k]) for r in ROWS + [{"section": "section", "item": "item", "result": "result"}])
+              for k in ("section", "item", "result")]
+    print("\n" + "=" * 100)
+    print(f"{'section':<{widths[0]}} | {'item':<{widths[1]}} | {'result':<{widths[2]}} | detail")
+    print("-" * 100)
+    for r in ROWS:
+        print(f"{r['section']:<{widths[0]}} | {r['item']:<{widths[1]}} | {r['result']:<{widths[2]}} | {r['detail']}")
+    print("=" * 100)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default=os.environ.get("OUT", "."), help="folder for gpu_check.json and logs")
+    parser.add_argument("--budget-s", type=float, default=450, help="wall-clock budget for the whole check")
+    parser.add_argument("--skip-engine", action="store_true")
+    parser.add_argument("--skip-pytest", action="store_true")
+    parser.add_argument("--cpu-smoke", action="store_true", help="run this script's logic on CPU, tiny shapes")
+    args = parser.parse_args()
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    budget = Budget(args.budget_s)
+
+    if not CPU_SMOKE and not torch.cuda.is_available():
+        print("gpu_check: no CUDA device visible to torch; nothing to check (try --cpu-smoke)", file=sys.stderr)
+        return 2
+    import triton
+
+    if CPU_SMOKE:
+        row("env", "device", "CPU (TRITON_INTERPRET=1 smoke run)", "figures below are NOT GPU measurements")
+    else:
+        props = torch.cuda.get_device_properties(0)
+        row("env", "device", props.name, f"{props.multi_processor_count} SMs, {props.total_memory / 2**30:.0f} GiB")
+    row("env", "versions", f"torch {torch.__version__}, triton {triton.__version__}", f"python {sys.version.split()[0]}")
+
+    sections = [("kernels", lambda: check_kernels(budget)), ("decode", lambda: time_decode(budget))]
+    if not args.skip_engine:
+        sections.append(("engine", lambda: run_engine_benchmark(budget, out_dir)))
+    if not args.skip_pytest:
+        sections.append(("pytest", lambda: run_pytest(budget, out_dir)))
+    for name, fn in sections:
+        start = time.monotonic()
+        try:
+            fn()
+        except Exception as exc:
+            traceback.print_exc()
+            row(name, "section", "ERROR", repr(exc)[:500])
+        print(f"[{name}] took {time.monotonic() - start:.1f}s", flush=True)
+
+    print_table()
+    (out_dir / "gpu_check.json").write_text(json.dumps({"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                                                        "rows": ROWS}, indent=1))
+    failed = [r for r in ROWS if r["result"] in ("FAIL", "ERROR", "TIMEOUT")]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
