@@ -28,7 +28,7 @@ def cmd_status(args) -> int:
         return 0
     t = Table(title="inferq queues")
     for col in ("model", "depth", "waiting (lag)", "pending", "oldest waiting", "DLQ", "workers alive"):
-        t.add_column(col, justify="right" if col != "model" else "left")
+        t.add_column(col, justify="right" if col != "model" else "left", no_wrap=(col == "model"))
     for s in stats:
         oldest = f"{s.oldest_waiting_s:.1f}s" if s.oldest_waiting_s is not None else "-"
         workers = f"{s.workers_alive}/{len(s.workers)}"

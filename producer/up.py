@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Optional
 
 from rich.console import Console
-from rich.panel import Panel
 
 from schemas import keys
 from producer.cli_common import safe_url
@@ -221,15 +220,17 @@ class Supervisor:
                 f"\"content\": \"Write a haiku about queues\"}}], \"max_tokens\": 64}}'")
         py = (f"from openai import OpenAI\n"
               f"client = OpenAI(base_url=\"{url}/v1\", api_key=\"{key}\")\n"
-              f"r = client.chat.completions.create(model=\"{self.model}\",\n"
-              f"    messages=[{{\"role\": \"user\", \"content\": \"Write a haiku about queues\"}}], max_tokens=64)\n"
+              f"r = client.chat.completions.create(model=\"{self.model}\", max_tokens=64,\n"
+              f"    messages=[{{\"role\": \"user\", \"content\": \"Write a haiku about queues\"}}])\n"
               f"print(r.choices[0].message.content)")
-        self.console.print(Panel.fit(
-            f"[bold]inferq is ready[/bold] at [cyan]{url}[/cyan]  (model {self.model})\n\n"
-            f"[bold]curl[/bold]\n{curl}\n\n[bold]python[/bold]\n{py}\n\n"
-            f"CLI: export INFERQ_REDIS_URL={self.redis_url}; inferq status | inferq submit \"Hi\"\n"
-            f"Logs: {self.log_dir}    Stop: Ctrl-C", title="inferq up"), markup=True)
-        self.console.print(f"READY {url}", markup=False, highlight=False)
+        c = self.console
+        c.rule(f"[bold green]inferq is ready[/bold green] at {url} (model {self.model})")
+        # Examples go out as plain text: no wrapping or borders, so they paste as they are.
+        print(f"\n# curl\n{curl}\n\n# python (pip install openai)\n{py}\n\n"
+              f"# CLI in another terminal\nexport INFERQ_REDIS_URL={self.redis_url}\n"
+              f"inferq submit \"The capital of France is\"; inferq status\n", flush=True)
+        c.print(f"logs: {self.log_dir}   stop: Ctrl-C")
+        c.print(f"READY {url}", markup=False, highlight=False)
 
     def _on_signal(self, signum, frame) -> None:
         self.stop_event.set()

@@ -1,0 +1,72 @@
+"""The main job: `inferq up` on embedded defaults (no INFERQ_REDIS_URL), used
+through the official openai client, then stopped with SIGINT leaving nothing
+running. Loads the bundled SmolLM2-135M-Instruct on CPU."""
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from openai import OpenAI
+
+from schemas import keys
+from tests.cli.procs import LineReader, children_of, env_without, running
+from tests.conftest import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def inferq_cmd() -> list[str]:
+    exe = shutil.which("inferq")
+    return [exe] if exe else [sys.executable, "-m", "producer.cli"]
+
+
+@pytest.mark.slow
+def test_inferq_up_serves_openai_and_stops_cleanly_on_sigint(tmp_path):
+    port, redis_port, metrics_port = free_port(), free_port(), free_port()
+    env = env_without("INFERQ_REDIS_URL", OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    proc = subprocess.Popen(
+        [*inferq_cmd(), "up", "--port", str(port), "--redis-port", str(redis_port),
+         "--metrics-port", str(metrics_port), "--ready-timeout", "400"],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    out = LineReader(proc.stdout)
+    kids: set[int] = set()
+    try:
+        ready = out.wait_for("READY ", timeout=420)
+        url = ready.split()[1]
+        assert url == f"http://127.0.0.1:{port}"
+        assert "embedded Redis" in out.text()  # INFERQ_REDIS_URL unset: the bundled redis-server
+        assert f"{url}/v1/chat/completions" in out.text()  # the ready-to-paste example
+        kids = children_of(proc.pid)
+        assert len(kids) >= 3  # redis-server, worker, gateway
+
+        client = OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=300)
+        messages = [{"role": "user", "content": "What is the capital of France?"}]
+        whole = client.chat.completions.create(model=keys.DEFAULT_MODEL, messages=messages, max_tokens=24,
+                                               temperature=0)
+        answer = whole.choices[0].message.content
+        assert answer and whole.choices[0].finish_reason in ("stop", "length")
+        assert "Paris" in answer  # the real model, not noise
+        chunks = list(client.chat.completions.create(model=keys.DEFAULT_MODEL, messages=messages, max_tokens=24,
+                                                     temperature=0, stream=True))
+        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == answer
+
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=90) == 0, out.text()
+        time.sleep(0.2)
+        left = [pid for pid in kids if running(pid)]
+        assert left == [], f"still running after SIGINT: {left}"
+        assert "stopped" in out.text()
+        # The embedded Redis kept its data with AOF on, in the local folder.
+        assert list((tmp_path / ".inferq" / "redis").glob("appendonly*")), "no AOF file"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for pid in kids:  # never leave a stray server behind, even on failure
+            if running(pid):
+                os.kill(pid, signal.SIGKILL)
