@@ -76,16 +76,15 @@ class KVCacheManager:
             self._num_cached_blocks[req.request_id] = len(blocks)
         if needed > 0:
             blocks.extend(self.pool.allocate(needed))
-        self._cache_full_blocks(req, total_tokens)
         return True
 
-    def _cache_full_blocks(self, req: Request, num_tokens: int) -> None:
-        """Register blocks that will be full once this step's tokens are
-        computed (their token ids are all known now)."""
-        if not self.enable_caching:
+    def cache_computed_blocks(self, req: Request) -> None:
+        """After a forward: register the request's blocks that are now full of
+        computed KV. Done after the step, not at allocation, so a request that
+        is preempted before its step runs never publishes unwritten blocks."""
+        if not self.enable_caching or req.request_id not in self.req_blocks:
             return
-        # Only tokens we know ids for can be hashed.
-        num_tokens = min(num_tokens, req.num_tokens)
+        num_tokens = min(req.num_computed_tokens, req.num_tokens)
         n_full = num_tokens // self.block_size
         start = self._num_cached_blocks.get(req.request_id, 0)
         if n_full <= start:

@@ -149,6 +149,8 @@ class LLMEngine:
             if s.request.first_scheduled_time is None:
                 s.request.first_scheduled_time = now
         sampled = self.runner.execute(sched, self.kv)
+        for s in sched.scheduled:
+            self.kv.cache_computed_blocks(s.request)
         self.num_steps += 1
         self.num_prompt_tokens += sum(
             max(0, min(s.num_computed_before + s.num_new_tokens, s.request.num_prompt_tokens) - s.num_computed_before)

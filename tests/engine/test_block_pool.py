@@ -46,6 +46,7 @@ def test_prefix_hit_reuses_blocks_and_never_covers_last_token():
     assert (hits, n) == ([], 0)
     assert kv.allocate_slots(a, len(tokens))
     a.num_computed_tokens = len(tokens)
+    kv.cache_computed_blocks(a)
     b = req("b", tokens)
     hits, n = kv.get_computed_blocks(b)
     # 12 tokens: the hit may cover at most 11, i.e. 2 full blocks.
@@ -64,6 +65,8 @@ def test_freed_cached_blocks_survive_until_evicted():
     kv = KVCacheManager(num_blocks=4, block_size=4)
     a = req("a", list(range(9)))
     assert kv.allocate_slots(a, 9)
+    a.num_computed_tokens = 9
+    kv.cache_computed_blocks(a)
     kv.free(a)
     # Still findable after free.
     hits, n = kv.get_computed_blocks(req("b", list(range(9))))
@@ -91,4 +94,17 @@ def test_prefix_caching_off_gives_no_hits():
     kv = KVCacheManager(num_blocks=8, block_size=4, enable_prefix_caching=False)
     a = req("a", list(range(9)))
     assert kv.allocate_slots(a, 9)
+    a.num_computed_tokens = 9
+    kv.cache_computed_blocks(a)
     assert kv.get_computed_blocks(req("b", list(range(9)))) == ([], 0)
+
+
+def test_blocks_are_published_only_once_computed():
+    kv = KVCacheManager(num_blocks=8, block_size=4)
+    a = req("a", list(range(9)))
+    assert kv.allocate_slots(a, 9)
+    # Allocated but not yet run through the model: nothing to share.
+    assert kv.get_computed_blocks(req("b", list(range(9)))) == ([], 0)
+    a.num_computed_tokens = 9
+    kv.cache_computed_blocks(a)
+    assert kv.get_computed_blocks(req("c", list(range(9))))[1] == 8
