@@ -37,9 +37,11 @@ class Failed:
 
 @dataclass
 class Dropped:
-    """Jobs abandoned without a reply (lease lost, or drain timed out)."""
+    """Jobs abandoned without a reply: the lease was lost (another worker has
+    them), or the drain timed out (``handback``: return them to the group)."""
 
     ids: list = field(default_factory=list)
+    handback: bool = False
 
 
 class EngineLoop(threading.Thread):
@@ -181,4 +183,4 @@ class EngineLoop(threading.Thread):
                 ids.append(cmd[1].id)
         if ids:
             self.log.warning("drain_timeout_left_pending", jobs=len(ids))
-            self.out.put(Dropped(ids))
+            self.out.put(Dropped(ids, handback=True))

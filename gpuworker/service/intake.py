@@ -63,6 +63,9 @@ class Intake(threading.Thread):
         self.stop = stop
         self.local: "queue.Queue[tuple[str, dict]]" = queue.Queue()
         self.error: Optional[BaseException] = None
+        # Set once this consumer's own pending entries were re-read; until then
+        # the reaper must not claim (its claims would be read twice).
+        self.caught_up = threading.Event()
 
     # -- public --------------------------------------------------------------
     def requeue(self, entries: list) -> None:
@@ -91,6 +94,7 @@ class Intake(threading.Thread):
     def _loop(self) -> None:
         retrying(self.ensure_group, give_up=self._give_up, log=self.log, what="xgroup_create")
         self._read_own_pending()
+        self.caught_up.set()
         while not self.stop.is_set():
             self._drain_local()
             free = self.inflight.wait_free(0.2)
@@ -142,8 +146,11 @@ class Intake(threading.Thread):
         """Validate, count the attempt, and start each job (or finish/reject it)."""
         b = Batch()
         parsed: list[tuple[str, object, Job]] = []
+        held = {st.entry_id for st in self.inflight.snapshot()}
         for entry_id, fields in entries:
             entry_id = _s(entry_id)
+            if entry_id in held:
+                continue  # already running here (read twice): one copy is enough
             if not fields:  # deleted from the stream while pending: nothing left to do
                 b.xack(self.ctx.stream, self.ctx.group, entry_id)
                 continue

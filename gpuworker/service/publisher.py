@@ -39,6 +39,7 @@ class Publisher(threading.Thread):
         self.error: Optional[BaseException] = None
         self.flushes = 0
         self.events_written = 0
+        self.handed_back: list[str] = []  # entry ids the drain gave up on
 
     def run(self) -> None:
         try:
@@ -69,7 +70,7 @@ class Publisher(threading.Thread):
         b = Batch()
         finished: list[JobState] = []
         retry: list[JobState] = []
-        dropped: list[str] = []
+        dropped: list[tuple[str, bool]] = []
         pending: dict[str, list] = {}  # coalesced deltas: job id -> [state, text, ids, logprobs]
         n_events = 0
 
@@ -146,7 +147,7 @@ class Publisher(threading.Thread):
                         st.finishing = True  # this attempt is over; intake starts the next
                         retry.append(st)
             elif isinstance(item, Dropped):
-                dropped.extend(item.ids)
+                dropped.extend((job_id, item.handback) for job_id in item.ids)
         for job_id in list(pending):
             write_pending(job_id)
 
@@ -171,10 +172,12 @@ class Publisher(threading.Thread):
                 self.to_engine.put(("abort", st.id, "abort"))
         for st in finished:
             self.inflight.remove(st.id)
-        for job_id in dropped:
+        for job_id, handback in dropped:
             st = self.inflight.remove(job_id)
             if st is not None:
                 st.dropped = True
+                if handback:
+                    self.handed_back.append(st.entry_id)
         if retry:
             for st in retry:
                 self.inflight.remove(st.id)

@@ -90,7 +90,7 @@ class Worker:
                                    self.intake.requeue, self.metrics, self.log, coalesce=self.s.coalesce_deltas,
                                    max_flush_steps=self.s.max_flush_steps, give_up=self.hard_stop.is_set)
         self.lease = LeaseKeeper(self.ctx, self.r, self.inflight, self.intake.requeue, self.to_engine, self.metrics,
-                                 self.log, self.stop_lease, reap=lambda: not self.stop_reading.is_set())
+                                 self.log, self.stop_lease, reap=lambda: self.intake.caught_up.is_set() and not self.stop_reading.is_set())
         self.intake.ensure_group()  # before the lease thread's first XAUTOCLAIM
         self.lease.heartbeat()
         self._metrics_server = self.metrics.serve(self.s.metrics_port, self.s.metrics_addr)
@@ -136,7 +136,7 @@ class Worker:
         hard.cancel()
         self.stop_lease.set()
         self.lease.join(timeout=5)
-        left = [st.entry_id for st in self.inflight.snapshot()]
+        left = self.publisher.handed_back + [st.entry_id for st in self.inflight.snapshot()]
         # Entries read but never started (still in the intake's local queue) go back too.
         while True:
             try:
