@@ -9,7 +9,13 @@ they are held until a later token completes them (or until ``flush``). Every
 a few tokens back, so the cost per token stays a decode of a handful of tokens,
 never of the whole output. A
 decoder's start-of-text quirks (SentencePiece dropping a leading space) only
-touch the window's first token, which has always been shown already.
+touch the window's first characters, which have always been shown already: a
+restarted window always holds text, and special tokens that
+``skip_special_tokens`` removes never enter it.
+
+Known limit (shared with vLLM's scheme): a byte-fallback decoder turns a whole
+run of byte tokens into U+FFFD when the run is invalid UTF-8, so an ASCII byte
+token followed by invalid bytes (garbage output) can differ from a full decode.
 
 The text equals ``tokenizer.decode(output_ids, skip_special_tokens=...)``:
 prompt tokens are not used as decoding context.
@@ -23,6 +29,7 @@ characters); it is released as soon as it cannot be.
 """
 from __future__ import annotations
 
+import weakref
 from typing import Callable, Optional
 
 from schemas import SamplingParams
@@ -32,6 +39,31 @@ REPLACEMENT_CHAR = "\ufffd"
 # _WINDOW_KEEP tokens back.
 _WINDOW_MAX = 12
 _WINDOW_KEEP = 4
+
+
+# tokenizer -> ids that skip_special_tokens=True removes (worked out once per tokenizer)
+_SKIPPED: "weakref.WeakKeyDictionary[object, frozenset[int]]" = weakref.WeakKeyDictionary()
+
+
+def skipped_special_ids(tokenizer) -> frozenset[int]:
+    """Ids that ``decode(..., skip_special_tokens=True)`` drops.
+
+    Candidates are the tokenizer's special and added tokens; each is confirmed
+    by the decoder itself, so the set matches what a full decode skips.
+    """
+    try:
+        return _SKIPPED[tokenizer]
+    except (KeyError, TypeError):
+        pass
+    candidates = set(getattr(tokenizer, "all_special_ids", None) or [])
+    candidates.update(int(i) for i in (getattr(tokenizer, "added_tokens_decoder", None) or {}))
+    skip, keep = make_decode_fn(tokenizer, True), make_decode_fn(tokenizer, False)
+    ids = frozenset(i for i in candidates if skip([i]) == "" and keep([i]) != "")
+    try:
+        _SKIPPED[tokenizer] = ids
+    except TypeError:  # not weak-referenceable: just don't cache
+        pass
+    return ids
 
 
 def make_decode_fn(tokenizer, skip_special_tokens: bool) -> Callable[[list[int]], str]:
@@ -48,6 +80,9 @@ class IncrementalDetokenizer:
         # prompt_token_ids is accepted for the engine's convenience; the text is
         # decoded from the output ids alone (see the module docstring).
         self._decode = make_decode_fn(tokenizer, params.skip_special_tokens)
+        # Skipped special tokens never enter the window (the decoder drops them
+        # anyway), so a run of them cannot leave a window without text.
+        self._skipped = skipped_special_ids(tokenizer) if params.skip_special_tokens else frozenset()
         self.stop_strings: list[str] = list(params.stop)
         self._max_stop = max((len(s) for s in self.stop_strings), default=0)
 
@@ -97,6 +132,8 @@ class IncrementalDetokenizer:
 
     # --------------------------------------------------------------- decoding
     def _decode_token(self, token_id: int) -> str:
+        if token_id in self._skipped:
+            return ""
         self._ids.append(token_id)
         window = self._decode(self._ids[self._prefix :])
         # Characters before a trailing run of U+FFFD can no longer change.
@@ -106,9 +143,13 @@ class IncrementalDetokenizer:
         if len(self._ids) - self._prefix >= _WINDOW_MAX and ready == len(window):
             # Restart the window a few tokens back, but only while nothing in it
             # is pending: then every character of the new window (even U+FFFD
-            # from starting inside a character) has been shown already.
-            self._prefix = len(self._ids) - _WINDOW_KEEP
-            self._window_shown = len(self._decode(self._ids[self._prefix :]))
+            # from starting inside a character) has been shown already. The new
+            # window must hold some text, or a decoder that strips the start of
+            # the text (SentencePiece's leading space) would eat the next token's.
+            start = len(self._ids) - _WINDOW_KEEP
+            text = self._decode(self._ids[start:])
+            if text:
+                self._prefix, self._window_shown = start, len(text)
         return new
 
     # ------------------------------------------------------------ stop strings

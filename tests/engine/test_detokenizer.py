@@ -240,3 +240,45 @@ def test_updates_after_finish_are_refused(tok):
     d2.flush()
     with pytest.raises(RuntimeError, match="flushed"):
         d2.update([ids[0]])
+
+
+# ------------------------------------------- a SentencePiece-style tokenizer
+@pytest.fixture(scope="session")
+def sp_tok():
+    """Llama-2/Mistral-style decoding (Metaspace "▁", byte fallback, strip the
+    first leading space), trained here on a few sentences: no model hub."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tk = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True))
+    tk.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    tk.decoder = decoders.Sequence(
+        [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
+    )
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>", "<s>", "</s>"])
+    tk.train_from_iterator([t.replace("\n", " ") for t in TEXTS] * 20, trainer)
+    tk.add_tokens([f"<0x{b:02X}>" for b in range(256)])  # byte tokens, as in Llama's vocabulary
+    return PreTrainedTokenizerFast(tokenizer_object=tk, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+
+
+def test_leading_spaces_survive_window_restarts_and_special_runs(sp_tok):
+    """A decoder that strips the text's first space must only do so at the very start."""
+    rng = random.Random(2)
+    words = [i for i in range(sp_tok.backend_tokenizer.get_vocab_size(with_added_tokens=False)) if i > 2]
+    spaced = [i for i in words if sp_tok.convert_ids_to_tokens(i).startswith("▁")]
+    emoji = [sp_tok.convert_tokens_to_ids(f"<0x{b:02X}>") for b in "😀".encode()]
+    assert len(spaced) > 10
+    for _ in range(200):
+        ids: list[int] = []
+        for _ in range(rng.randint(1, 50)):
+            r = rng.random()
+            if r < 0.1:
+                ids += [sp_tok.eos_token_id] * rng.randint(1, 8)  # e.g. ignore_eos
+            elif r < 0.2:
+                ids += emoji
+            else:
+                ids.append(rng.choice(spaced if r < 0.6 else words))
+        for skip in (True, False):
+            pieces, _, d = run(sp_tok, ids, rng=rng, skip_special_tokens=skip)
+            assert "".join(pieces) == d.output_text == sp_tok.decode(ids, skip_special_tokens=skip)
+            assert not any("\ufffd" in p for p in pieces)
