@@ -38,6 +38,8 @@ def _sampling(args) -> dict:
         s["seed"] = args.seed
     if args.stop:
         s["stop"] = args.stop
+    if args.ignore_eos:
+        s["ignore_eos"] = True
     return s
 
 
