@@ -299,3 +299,12 @@ def test_top_k_alone_on_a_large_vocabulary():
     one = row(temperature=3.0, top_k=40)
     tokens = set(sampler(logits.expand(2000, -1).contiguous(), [one] * 2000).token_ids)
     assert tokens == set(logits.topk(40).indices.tolist())
+
+
+def test_draw_never_lands_on_a_zero_probability_token():
+    from gpuworker.engine.sampler import _draw
+
+    logits = torch.tensor([[1.0, 2.0, float("-inf"), float("-inf")], [float("-inf"), 0.0, 0.0, float("-inf")]])
+    for u in (0.0, 0.5, 1.0 - 1e-7, 1.0):
+        picked = _draw(logits, torch.tensor([u, u])).tolist()
+        assert picked[0] in (0, 1) and picked[1] in (1, 2)
