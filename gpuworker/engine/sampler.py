@@ -237,8 +237,11 @@ def _draw(logits: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     their predecessor's.
     """
     cdf = torch.softmax(logits, dim=-1).cumsum_(dim=-1)
-    picked = torch.searchsorted(cdf, (u[:, None] * cdf[:, -1:]).contiguous(), right=True)[:, 0]
-    return picked.clamp_(max=logits.shape[1] - 1)
+    total = cdf[:, -1:].contiguous()
+    picked = torch.searchsorted(cdf, u[:, None] * total, right=True)[:, 0]
+    # Should rounding put u * total at the very top, take the last token with mass.
+    last = torch.searchsorted(cdf, total, right=False)[:, 0]
+    return torch.minimum(picked, last)
 
 
 def _sample_full(logits: torch.Tensor, params: list[SamplingParams], u: torch.Tensor) -> torch.Tensor:
