@@ -1,0 +1,69 @@
+"""Worker configuration: flags over INFERQ_* env over defaults, clear errors."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+from gpuworker.service.cli import main, parser
+from gpuworker.service.settings import WorkerSettings
+from schemas import keys
+from tests.conftest import RedisServer
+
+
+def _settings(argv):
+    given = {k: v for k, v in vars(parser().parse_args(argv)).items() if v is not None}
+    return WorkerSettings(**given)
+
+
+def test_flags_override_env_and_defaults(monkeypatch):
+    monkeypatch.setenv("INFERQ_REDIS_URL", "redis://:pw@redis.internal:6380/2")
+    monkeypatch.setenv("INFERQ_MAX_NUM_SEQS", "7")
+    monkeypatch.setenv("INFERQ_LEASE_SECONDS", "4")
+    s = _settings(["--max-num-seqs", "9", "--worker-id", "gpu-3", "--coalesce-deltas", "--metrics-port", "9100"])
+    assert s.redis_url == "redis://:pw@redis.internal:6380/2"
+    assert s.max_num_seqs == 9 and s.lease_seconds == 4.0 and s.coalesce_deltas is True
+    assert s.consumer_name == "gpu-3" and s.metrics_port == 9100
+    assert s.safe_dump()["redis_url"] == "redis://:***@redis.internal:6380/2"
+    assert "pw" not in str(s.safe_dump())
+
+
+def test_model_name_defaults(monkeypatch):
+    monkeypatch.delenv("INFERQ_MODEL", raising=False)
+    monkeypatch.delenv("INFERQ_SERVED_MODEL_NAME", raising=False)
+    assert WorkerSettings().model_name == keys.DEFAULT_MODEL
+    assert WorkerSettings(model="/models/Qwen2.5-0.5B/").model_name == "Qwen2.5-0.5B"
+    assert WorkerSettings(model="/m/llama-q8.gguf").model_name == "llama-q8"
+    assert WorkerSettings(model="/m/x", served_model_name="prod").model_name == "prod"
+
+
+def test_tls_and_acl_settings_reach_redis_py():
+    s = WorkerSettings(redis_url="rediss://cache:6380/0", redis_username="inferq", redis_password="pw",
+                       redis_tls_ca_certs="/etc/ca.pem")
+    kw = s.redis_kwargs()
+    assert kw["username"] == "inferq" and kw["password"] == "pw" and kw["ssl_ca_certs"] == "/etc/ca.pem"
+    assert kw["socket_timeout"] > s.block_ms / 1000
+    assert "ssl_ca_certs" not in WorkerSettings(redis_tls_ca_certs="/etc/ca.pem").redis_kwargs()  # plain redis://
+
+
+def test_invalid_config_exits_2(capsys):
+    assert main(["--block-ms", "40000"]) == 2
+    assert "block_ms" in capsys.readouterr().err
+    assert main(["--max-num-seqs", "0"]) == 2
+
+
+def test_wrong_redis_password_fails_fast_with_clear_message(tmp_path):
+    server = RedisServer(tmp_path, password="right").start()
+    try:
+        t0 = time.time()
+        out = subprocess.run(
+            [sys.executable, "-m", "gpuworker.service", "--redis-url", f"redis://:wrong@127.0.0.1:{server.port}/0"],
+            capture_output=True, text=True, timeout=120,
+        )
+        assert out.returncode == 1
+        assert "refused the credentials" in out.stderr
+        assert time.time() - t0 < 60  # before any model is loaded
+    finally:
+        server.stop()
