@@ -1,0 +1,203 @@
+"""Offline throughput: our engine vs HF ``generate`` (static padded batches) vs
+HF ``generate_batch`` (transformers' continuous batching), side by side in one
+run on the same weights, dtype and threads.
+
+Workload as nano-vllm's bench: random prompt token ids, per-request input and
+output lengths drawn uniformly, EOS ignored so every system makes the same
+tokens. Throughput = requested output tokens / wall time (padding and the
+extra tokens a static batch makes for its slowest member do not count).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass
+from typing import Callable
+
+import torch
+
+
+@dataclass
+class Workload:
+    prompts: list[list[int]]
+    output_lens: list[int]
+
+    @property
+    def output_tokens(self) -> int:
+        return sum(self.output_lens)
+
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(len(p) for p in self.prompts)
+
+
+def make_workload(n: int, min_in: int, max_in: int, min_out: int, max_out: int, vocab: int, seed: int) -> Workload:
+    rng = random.Random(seed)
+    # Stay clear of the special tokens at the start of the vocabulary.
+    lo, hi = min(1000, vocab // 4), vocab - 1
+    prompts = [[rng.randint(lo, hi) for _ in range(rng.randint(min_in, max_in))] for _ in range(n)]
+    outs = [rng.randint(min_out, max_out) for _ in range(n)]
+    return Workload(prompts, outs)
+
+
+@dataclass
+class Result:
+    system: str
+    seconds: list[float]
+    output_tokens: int
+
+    @property
+    def median_s(self) -> float:
+        return statistics.median(self.seconds)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.output_tokens / self.median_s
+
+
+def timed(fn: Callable[[], None], repeats: int) -> list[float]:
+    out = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+# -- systems ------------------------------------------------------------------
+def run_inferq(llm, wl: Workload) -> None:
+    from schemas import SamplingParams
+
+    params = [SamplingParams(max_tokens=o, temperature=0, ignore_eos=True) for o in wl.output_lens]
+    outs = llm.generate(wl.prompts, params)
+    got = sum(len(o.token_ids) for o in outs)
+    assert got == wl.output_tokens, f"inferq made {got} tokens, expected {wl.output_tokens}"
+
+
+def run_hf_static(model, wl: Workload, batch_size: int, pad_id: int) -> None:
+    """Arrival-order batches, left-padded; each batch runs to its longest output."""
+    dev = next(model.parameters()).device
+    for i in range(0, len(wl.prompts), batch_size):
+        batch = wl.prompts[i : i + batch_size]
+        outs = wl.output_lens[i : i + batch_size]
+        width = max(len(p) for p in batch)
+        ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
+        mask = torch.zeros((len(batch), width), dtype=torch.long)
+        for r, p in enumerate(batch):
+            ids[r, width - len(p) :] = torch.tensor(p)
+            mask[r, width - len(p) :] = 1
+        n = max(outs)
+        model.generate(
+            input_ids=ids.to(dev), attention_mask=mask.to(dev), max_new_tokens=n, min_new_tokens=n,
+            do_sample=False, pad_token_id=pad_id,
+        )
+
+
+def run_hf_generate_batch(model, wl: Workload, max_batch_tokens: int, num_blocks: int, page_size: int) -> None:
+    from transformers import GenerationConfig
+    from transformers.generation.configuration_utils import ContinuousBatchingConfig
+
+    gen = GenerationConfig(do_sample=False, max_new_tokens=max(wl.output_lens), eos_token_id=None)
+    cb = ContinuousBatchingConfig(num_blocks=num_blocks, max_batch_tokens=max_batch_tokens, page_size=page_size)
+    with model.continuous_batching_context_manager(
+        generation_config=gen, continuous_batching_config=cb, block=True, timeout=30
+    ) as manager:
+        ids = [
+            manager.add_request(p, request_id=f"r{i}", max_new_tokens=o)
+            for i, (p, o) in enumerate(zip(wl.prompts, wl.output_lens))
+        ]
+        done, made = set(), 0
+        while len(done) < len(ids):
+            res = manager.get_result(timeout=60)
+            if res is None:
+                raise RuntimeError("generate_batch stalled")
+            if res.is_finished():
+                done.add(res.request_id)
+                made += len(res.generated_tokens)
+    assert made == wl.output_tokens, f"generate_batch made {made} tokens, expected {wl.output_tokens}"
+
+
+# -- driver -------------------------------------------------------------------
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(prog="inferq bench offline", description=__doc__.splitlines()[0])
+    p.add_argument("--model", default=None, help="HF folder or .gguf (default: bundled SmolLM2-135M-Instruct)")
+    p.add_argument("--num-requests", type=int, default=64)
+    p.add_argument("--min-input", type=int, default=16)
+    p.add_argument("--max-input", type=int, default=512)
+    p.add_argument("--min-output", type=int, default=16)
+    p.add_argument("--max-output", type=int, default=256)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=2, help="torch threads, the same for every system")
+    p.add_argument("--repeats", type=int, default=1, help="runs per system; the median is reported")
+    p.add_argument("--dtype", default=None, help="float32 (CPU default) | bfloat16 (CUDA default) | float16")
+    p.add_argument("--device", default=None)
+    p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    p.add_argument("--static-batch-size", type=int, default=16)
+    p.add_argument("--peers", default="static,generate_batch", help="comma list: static, generate_batch, or none")
+    p.add_argument("--json", default=None, help="also write the results here")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    from gpuworker import LLM
+    from gpuworker.models.loader import resolve_model_folder
+
+    llm = LLM(
+        model=args.model, dtype=args.dtype, device=args.device,
+        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+        enable_prefix_caching=False,  # random prompts share nothing; keep the comparison about batching
+    )
+    eng = llm.engine
+    dtype = next(eng.model.parameters()).dtype
+    wl = make_workload(args.num_requests, args.min_input, args.max_input, args.min_output, args.max_output,
+                       eng.model_config.vocab_size, args.seed)
+    print(f"workload: {args.num_requests} requests, {wl.prompt_tokens} prompt tokens, {wl.output_tokens} output tokens; "
+          f"device {eng.device}, {dtype}, {args.threads} torch threads", flush=True)
+
+    warm = make_workload(4, 8, 32, 4, 8, eng.model_config.vocab_size, args.seed + 1)
+    run_inferq(llm, warm)
+    results = [Result("inferq", timed(lambda: run_inferq(llm, wl), args.repeats), wl.output_tokens)]
+    print(f"  inferq: {results[-1].median_s:.1f} s", flush=True)
+
+    peers = [x for x in args.peers.split(",") if x and x != "none"]
+    if peers:
+        from transformers import AutoModelForCausalLM
+
+        folder, _, _ = resolve_model_folder(args.model)
+        hf = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, attn_implementation="sdpa").to(eng.device).eval()
+        pad = eng.tokenizer.pad_token_id if eng.tokenizer.pad_token_id is not None else eng.eos_token_ids[0]
+        del llm, eng  # free the KV cache before the peers allocate theirs
+        if "static" in peers:
+            run_hf_static(hf, warm, args.static_batch_size, pad)
+            secs = timed(lambda: run_hf_static(hf, wl, args.static_batch_size, pad), args.repeats)
+            results.append(Result(f"HF generate (static batches of {args.static_batch_size})", secs, wl.output_tokens))
+            print(f"  {results[-1].system}: {results[-1].median_s:.1f} s", flush=True)
+        if "generate_batch" in peers:
+            longest = max(len(p) + o for p, o in zip(wl.prompts, wl.output_lens))
+            page = 16
+            blocks = args.num_requests * (-(-longest // page))  # room for everything: no eviction
+            secs = timed(lambda: run_hf_generate_batch(hf, wl, args.max_num_batched_tokens, blocks, page), args.repeats)
+            results.append(Result("HF generate_batch (continuous batching)", secs, wl.output_tokens))
+            print(f"  {results[-1].system}: {results[-1].median_s:.1f} s", flush=True)
+
+    ours = results[0].tokens_per_s
+    print()
+    print(f"| system | median wall s | output tok/s | inferq speed-up |")
+    print(f"| --- | ---: | ---: | ---: |")
+    for r in results:
+        print(f"| {r.system} | {r.median_s:.1f} | {r.tokens_per_s:.1f} | {ours / r.tokens_per_s:.2f}x |")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"args": vars(args), "results": [asdict(r) | {"tokens_per_s": r.tokens_per_s} for r in results]}, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
