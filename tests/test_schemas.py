@@ -1,0 +1,73 @@
+"""The wire contract rejects nonsense with a message that names the field."""
+import pytest
+from pydantic import ValidationError
+
+from schemas import DeltaEvent, DoneEvent, ErrorEvent, Job, SamplingParams, decode_event, encode_event, keys
+
+
+@pytest.mark.parametrize(
+    "bad, field",
+    [
+        ({"max_tokens": -1}, "max_tokens"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"top_p": 0.0}, "top_p"),
+        ({"top_p": 1.5}, "top_p"),
+        ({"temperature": -0.1}, "temperature"),
+        ({"top_k": -2}, "top_k"),
+        ({"min_p": 2}, "min_p"),
+        ({"presence_penalty": 3}, "presence_penalty"),
+        ({"repetition_penalty": 0}, "repetition_penalty"),
+        ({"logprobs": 21}, "logprobs"),
+        ({"stop": [""]}, "stop"),
+        ({"stop_token_ids": [-1]}, "stop_token_ids"),
+        ({"bogus": 1}, "bogus"),
+    ],
+)
+def test_sampling_params_reject_nonsense(bad, field):
+    with pytest.raises(ValidationError) as e:
+        SamplingParams(**bad)
+    assert field in str(e.value)
+
+
+def test_sampling_defaults_and_stop_string():
+    p = SamplingParams(stop="END")
+    assert p.stop == ["END"] and p.max_tokens == 16 and not p.greedy
+    assert SamplingParams(temperature=0).greedy
+    with pytest.raises(ValidationError, match="n > 1"):
+        SamplingParams(n=2, temperature=0)
+
+
+def test_job_needs_exactly_one_prompt_kind():
+    with pytest.raises(ValidationError, match="exactly one"):
+        Job(model="m")
+    with pytest.raises(ValidationError, match="exactly one"):
+        Job(model="m", prompt="a", prompt_token_ids=[1])
+    with pytest.raises(ValidationError, match="role"):
+        Job(model="m", messages=[{"role": "wizard", "content": "hi"}])
+    job = Job(model="m", messages=[{"role": "user", "content": "hi"}], sampling={"max_tokens": 3})
+    assert Job.from_fields(job.to_fields()) == job
+
+
+def test_job_rejects_bad_ids_and_unknown_fields():
+    with pytest.raises(ValidationError):
+        Job(id="has space", model="m", prompt="x")
+    with pytest.raises(ValidationError, match="non-negative"):
+        Job(model="m", prompt_token_ids=[1, -5])
+    with pytest.raises(ValidationError, match="extra"):
+        Job.model_validate({"model": "m", "prompt": "x", "surprise": True})
+
+
+def test_events_round_trip_through_stream_fields():
+    for ev in [
+        DeltaEvent(text="hé", token_ids=[1, 2], attempt=2, seq=5, logprobs=[{1: -0.1}]),
+        DoneEvent(finish_reason="length", attempt=1, seq=9),
+        ErrorEvent(code="bad_request", message="nope"),
+    ]:
+        fields = encode_event(ev)
+        raw = {k.encode(): v.encode() for k, v in fields.items()}  # as redis-py returns them
+        assert decode_event(raw) == ev
+
+
+def test_keys_share_hash_tags_per_job_and_model():
+    assert keys.reply("j1").endswith("{j1}") and keys.cancel("j1").endswith("{j1}")
+    assert "{m}" in keys.jobs("m") and "{m}" in keys.dlq("m")
