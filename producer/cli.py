@@ -28,6 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--host", default="127.0.0.1", help="gateway bind address")
     up.add_argument("--port", type=int, default=None, help="gateway port (default 8000, or a free one)")
     up.add_argument("--model", default=None, help="HF folder or .gguf file (default: bundled SmolLM2-135M-Instruct)")
+    up.add_argument("--served-model-name", default=None, help="queue/model name (default: from --model)")
     up.add_argument("--device", default=None, help="cuda or cpu (default: GPU if present)")
     up.add_argument("--data-dir", default=".inferq", help="where the embedded Redis keeps its data and logs")
     up.add_argument("--redis-port", type=int, default=None, help="embedded Redis port (default 6379, or a free one)")

@@ -34,6 +34,7 @@ class UpOptions:
     host: str = "127.0.0.1"
     port: Optional[int] = None
     model: Optional[str] = None
+    served_model_name: Optional[str] = None
     device: Optional[str] = None
     data_dir: str = ".inferq"
     redis_port: Optional[int] = None
@@ -44,7 +45,7 @@ class UpOptions:
 
     @classmethod
     def from_args(cls, a) -> "UpOptions":
-        return cls(host=a.host, port=a.port, model=a.model, device=a.device, data_dir=a.data_dir,
+        return cls(host=a.host, port=a.port, model=a.model, served_model_name=a.served_model_name, device=a.device, data_dir=a.data_dir,
                    redis_port=a.redis_port, metrics_port=a.metrics_port, ready_timeout=a.ready_timeout,
                    api_keys=a.api_keys, worker_args=list(a.worker_arg))
 
@@ -124,7 +125,7 @@ class Supervisor:
         self.worker: Optional[Child] = None
         self.gateway: Optional[Child] = None
         self.stop_event = threading.Event()
-        self.model = served_name(opts.model)
+        self.model = opts.served_model_name or served_name(opts.model)
 
     # -- start ----------------------------------------------------------
     def start_redis(self) -> None:
@@ -154,6 +155,8 @@ class Supervisor:
         env["INFERQ_METRICS_ADDR"] = "127.0.0.1"
         if self.opts.model:
             env["INFERQ_MODEL"] = self.opts.model
+        if self.opts.served_model_name:
+            env["INFERQ_SERVED_MODEL_NAME"] = self.opts.served_model_name
         if self.opts.device:
             env["INFERQ_DEVICE"] = self.opts.device
         args = [sys.executable, "-m", "gpuworker.service", *self.opts.worker_args]
