@@ -66,7 +66,12 @@ class LeaseKeeper(threading.Thread):
             self.queue_gauges()
 
     def heartbeat(self, now: Optional[float] = None) -> None:
-        self.r.zadd(self.ctx.workers_key, {self.ctx.consumer: now or time.time()})
+        now = now or time.time()
+        pipe = self.r.pipeline(transaction=False)
+        pipe.zadd(self.ctx.workers_key, {self.ctx.consumer: now})
+        # Forget workers silent for an hour (killed ones never say goodbye).
+        pipe.zremrangebyscore(self.ctx.workers_key, "-inf", now - 3600)
+        pipe.execute()
 
     def refresh(self) -> None:
         held = [st for st in self.inflight.snapshot() if not (st.finishing or st.dropped)]

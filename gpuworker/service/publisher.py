@@ -15,7 +15,7 @@ from typing import Callable, Optional
 
 import redis
 
-from schemas import DeltaEvent, Usage, keys
+from schemas import Usage, keys
 
 from gpuworker.service import replies
 from gpuworker.service.batch import Batch
@@ -79,8 +79,7 @@ class Publisher(threading.Thread):
             p = pending.pop(job_id, None)
             if p:
                 st, text, ids, lps = p
-                replies.add_event(b, self.ctx, st.id, DeltaEvent(attempt=st.attempt, seq=st.next_seq(), text=text,
-                                                                  token_ids=ids, logprobs=lps))
+                replies.add_delta(b, self.ctx, st, text, ids, lps)
                 n_events += 1
 
         for item in items:
@@ -107,9 +106,7 @@ class Publisher(threading.Thread):
                             if d.logprobs is not None:
                                 p[3] = (p[3] or []) + list(d.logprobs)
                         else:
-                            replies.add_event(b, self.ctx, st.id, DeltaEvent(
-                                attempt=st.attempt, seq=st.next_seq(), text=d.new_text,
-                                token_ids=list(d.new_token_ids), logprobs=d.logprobs))
+                            replies.add_delta(b, self.ctx, st, d.new_text, d.new_token_ids, d.logprobs)
                             n_events += 1
                     if d.finished:
                         write_pending(st.id)

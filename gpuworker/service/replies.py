@@ -1,6 +1,7 @@
 """Reply-stream writes, recorded into a Batch so each caller sends one pipeline."""
 from __future__ import annotations
 
+import json
 import time
 from typing import Optional
 
@@ -17,6 +18,15 @@ from gpuworker.service.state import JobState
 def add_event(b: Batch, ctx: WorkerContext, job_id: str, event: BaseModel) -> None:
     # Reply streams are bounded (MAXLEN ~); the job stream never is.
     b.xadd(keys.reply(job_id), encode_event(event), maxlen=ctx.reply_maxlen, approximate=True)
+
+
+def add_delta(b: Batch, ctx: WorkerContext, st: JobState, text: str, token_ids: list, logprobs) -> None:
+    """The hot path: the same fields ``encode_event(DeltaEvent(...))`` writes,
+    serialised without building a pydantic model per token."""
+    lps = None if logprobs is None else [{str(k): v for k, v in d.items()} for d in logprobs]
+    data = json.dumps({"attempt": st.attempt, "seq": st.next_seq(), "text": text, "token_ids": list(token_ids),
+                       "logprobs": lps}, ensure_ascii=False, separators=(",", ":"))
+    b.xadd(keys.reply(st.id), {"type": "delta", "data": data}, maxlen=ctx.reply_maxlen, approximate=True)
 
 
 def start(b: Batch, ctx: WorkerContext, st: JobState) -> None:
