@@ -6,7 +6,8 @@ per second through one worker's publisher.
     python scripts/bench_queue_overhead.py --model /path/to/hf --jobs 200 --max-tokens 16
     python scripts/bench_queue_overhead.py --redis-url redis://127.0.0.1:6379/0
 
-Jobs run one at a time in both paths, so the difference is the queue and
+Jobs run one at a time in both paths, alternating between two copies of the
+engine (one in-process, one behind the worker), so the difference is the queue and
 reply path (XADD, XREADGROUP wake-up, tokenization, started/delta/done writes,
 the client's XREAD wake-ups), not batching. Worker and client share this
 process (loopback, like a producer next to its worker).
@@ -55,38 +56,43 @@ def start_redis():
     return proc, f"redis://127.0.0.1:{port}/0"
 
 
-def in_process(engine, prompts, params):
-    lat = []
-    for i, ids in enumerate(prompts):
+def in_process(engine, rid, ids, params) -> float:
+    t0 = time.perf_counter()
+    engine.add_request(rid, ids, params)
+    while engine.has_unfinished():
+        engine.step()
+    return time.perf_counter() - t0
+
+
+class QueuePath:
+    """A worker (its threads in this process, its own engine) and a producer."""
+
+    def __init__(self, engine, redis_url, model_name, max_num_seqs):
+        from gpuworker.service.settings import WorkerSettings
+        from gpuworker.service.worker import Worker
+        from producer import Producer
+
+        s = WorkerSettings(redis_url=redis_url, served_model_name=model_name, worker_id="bench",
+                           max_num_seqs=max_num_seqs, block_ms=100, log_level="warning")
+        self.worker = Worker(s, engine=engine)
+        self.worker.start()
+        self.p = Producer(redis_url, default_model=model_name)
+
+        self.intake_s: list[float] = []  # submit -> a worker took it (from the done event)
+        self.tail_s: list[float] = []  # worker wrote done -> client had it
+
+    def one(self, text, params) -> float:
         t0 = time.perf_counter()
-        engine.add_request(f"base-{i}", ids, params)
-        while engine.has_unfinished():
-            engine.step()
-        lat.append(time.perf_counter() - t0)
-    return lat
+        res = self.p.submit(text, sampling=params.model_dump()).result(timeout=120)
+        dt = time.perf_counter() - t0
+        assert res.usage.completion_tokens == params.max_tokens, res
+        self.intake_s.append(res.timings.queue)
+        self.tail_s.append(max(0.0, dt - res.timings.total))
+        return dt
 
-
-def through_queue(engine, redis_url, model_name, texts, params, max_num_seqs):
-    from gpuworker.service.settings import WorkerSettings
-    from gpuworker.service.worker import Worker
-    from producer import Producer
-
-    s = WorkerSettings(redis_url=redis_url, served_model_name=model_name, worker_id="bench",
-                       max_num_seqs=max_num_seqs, block_ms=100, log_level="warning")
-    w = Worker(s, engine=engine)
-    w.start()
-    p = Producer(redis_url, default_model=model_name)
-    lat = []
-    try:
-        for t in texts:
-            t0 = time.perf_counter()
-            res = p.submit(t, sampling=params.model_dump()).result(timeout=120)
-            lat.append(time.perf_counter() - t0)
-            assert res.usage.completion_tokens == params.max_tokens, res
-    finally:
-        w.shutdown()
-        p.close()
-    return lat
+    def close(self):
+        self.worker.shutdown()
+        self.p.close()
 
 
 def publisher_throughput(redis_url, n_jobs, n_steps, coalesce, flush_steps):
@@ -136,7 +142,6 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=8)
     ap.add_argument("--pub-jobs", type=int, default=256, help="jobs per step in the publisher test")
     ap.add_argument("--pub-steps", type=int, default=50)
-    ap.add_argument("--rounds", type=int, default=2, help="alternating in-process / queue rounds")
     ap.add_argument("--device", default=None)
     args = ap.parse_args()
 
@@ -155,26 +160,36 @@ def main() -> None:
     if redis_url is None:
         proc, redis_url = start_redis()
     try:
-        engine = LLMEngine(EngineConfig(model=args.model or None, device=args.device, max_num_seqs=64,
-                                        scheduling_policy="priority"))
+        def make_engine():
+            return LLMEngine(EngineConfig(model=args.model or None, device=args.device, max_num_seqs=64,
+                                          scheduling_policy="priority"))
+
+        # Two copies of the engine: one called in-process, one behind the queue;
+        # jobs alternate between them, so machine noise hits both alike.
+        engine, queued_engine = make_engine(), make_engine()
         tok = engine.tokenizer
         texts = [f"Request {i}: tell me something about the number {i}." for i in range(args.jobs)]
         prompts = [list(tok(t).input_ids) for t in texts]
         params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True)
-        in_process(engine, prompts[:5], params)  # warm-up
-        # Alternate the two paths so machine noise hits both alike.
-        base_runs, queue_runs = [], []
-        for _ in range(args.rounds):
-            base_runs.append(in_process(engine, prompts, params))
-            queue_runs.append(through_queue(engine, redis_url, engine.model_name, texts, params, 64))
-        base = [statistics.median(x) for x in zip(*base_runs)]
-        queued = [statistics.median(x) for x in zip(*queue_runs)]
+        qp = QueuePath(queued_engine, redis_url, engine.model_name, 64)
+        try:
+            for i in range(5):  # warm-up
+                in_process(engine, f"warm-{i}", prompts[i], params)
+                qp.one(texts[i], params)
+            base, queued = [], []
+            for i, (text, ids) in enumerate(zip(texts, prompts)):
+                base.append(in_process(engine, f"base-{i}", ids, params))
+                queued.append(qp.one(text, params))
+        finally:
+            qp.close()
         over = [q - b for q, b in zip(queued, base)]
-        print(f"model={engine.model_name} device={engine.device} jobs={args.jobs} max_tokens={args.max_tokens} "
-              f"rounds={args.rounds}")
+        print(f"model={engine.model_name} device={engine.device} jobs={args.jobs} max_tokens={args.max_tokens}")
         print(f"in-process  per job: p50 {statistics.median(base) * 1e3:8.2f} ms   p99 {pct(base, 99) * 1e3:8.2f} ms")
         print(f"via queue   per job: p50 {statistics.median(queued) * 1e3:8.2f} ms   p99 {pct(queued, 99) * 1e3:8.2f} ms")
-        print(f"added by queue+reply: p50 {statistics.median(over) * 1e3:8.2f} ms   p99 {pct(over, 99) * 1e3:8.2f} ms")
+        print(f"added by queue+reply (paired): p50 {statistics.median(over) * 1e3:8.2f} ms   "
+              f"p99 {pct(over, 99) * 1e3:8.2f} ms")
+        print(f"  of which submit -> worker intake: p50 {statistics.median(qp.intake_s) * 1e3:.2f} ms, "
+              f"done written -> client has it: p50 {statistics.median(qp.tail_s) * 1e3:.2f} ms")
         for label, coalesce, flush_steps in (("one pipeline per step", False, 1), ("up to 8 steps per pipeline", False, 8),
                                              ("8 steps + coalesced deltas", True, 8)):
             ev, written, flushes, dt = publisher_throughput(redis_url, args.pub_jobs, args.pub_steps, coalesce, flush_steps)
