@@ -39,9 +39,9 @@ def create_app(settings: Optional[GatewaySettings] = None,
     app.include_router(openai_routes.router)
     app.include_router(jobs_routes.router)
     app.include_router(health_routes.router)
-    # Outermost first: size limit wraps everything, metrics see the final status.
-    app.add_middleware(RequestMetrics, metrics=metrics)
+    # The last added is the outermost: metrics see every response, 413s included.
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(RequestMetrics, metrics=metrics)
     return app
 
 

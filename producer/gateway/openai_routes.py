@@ -17,7 +17,7 @@ from producer.gateway.openai_schemas import (
     ChatCompletionRequest, CompletionRequest, build_sampling, check_prompt_size,
 )
 from producer.gateway.runner import (
-    Context, admit, cancel_shielded, ctx_of, make_job, raise_for_error, resolve_model, stream_pieces,
+    Context, GatewayTimeout, admit, cancel_shielded, ctx_of, make_job, raise_for_error, resolve_model, stream_pieces,
     wait_for_result,
 )
 
@@ -104,7 +104,16 @@ async def _stream(ctx: Context, kind: str, job_id: str, model: str, include_usag
         elif prefix:
             yield sse.data(fmt.completion_chunk(job_id, model, created, prefix, include_usage=include_usage))
         offset = len(prefix)
-        async for piece in stream_pieces(ctx, job_id, asm):
+        timed_out: Optional[GatewayTimeout] = None
+        pieces = stream_pieces(ctx, job_id, asm)
+        while True:
+            try:
+                piece = await pieces.__anext__()
+            except StopAsyncIteration:
+                break
+            except GatewayTimeout as e:
+                timed_out = e
+                break
             if piece is None:
                 if time.monotonic() - last_sent >= ctx.settings.keepalive_s:
                     last_sent = time.monotonic()
@@ -123,7 +132,9 @@ async def _stream(ctx: Context, kind: str, job_id: str, model: str, include_usag
                                              include_usage=include_usage)
             last_sent = time.monotonic()
             yield sse.data(chunk)
-        if asm.error_code is not None:
+        if timed_out is not None:
+            yield sse.data(timed_out.body())
+        elif asm.error_code is not None:
             try:
                 raise_for_error(asm)
             except APIError as e:

@@ -3,6 +3,7 @@ for or stream its output, and cancel it when the client goes away."""
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Optional
 
@@ -96,15 +97,34 @@ async def cancel_shielded(ctx: Context, job_id: str) -> None:
             pass
 
 
+class GatewayTimeout(APIError):
+    def __init__(self, seconds: float):
+        super().__init__(504, f"the job did not finish within {seconds:.0f}s; it was cancelled", code="timeout",
+                         type="server_error")
+
+
+def _give_up_after(ctx: Context) -> float:
+    # The job's own deadline makes the worker end it; this is the backstop for a
+    # job no worker ever picks up.
+    return time.monotonic() + ctx.settings.request_timeout_s + 30.0
+
+
 async def wait_for_result(ctx: Context, request: Request, job_id: str) -> Assembly:
     """Collect the whole output; cancel the job if the client disconnects."""
     asm = Assembly()
     finished = False
+    give_up = _give_up_after(ctx)
+    next_check = time.monotonic() + 1.0
     try:
         async for _, event in ctx.backend.events(job_id):
-            if event is None:
+            now = time.monotonic()
+            if now >= next_check:
+                next_check = now + 1.0
                 if await request.is_disconnected():
                     break
+                if now > give_up:
+                    raise GatewayTimeout(ctx.settings.request_timeout_s)
+            if event is None:
                 continue
             asm.feed(event)
             if asm.finished:
@@ -119,7 +139,10 @@ async def wait_for_result(ctx: Context, request: Request, job_id: str) -> Assemb
 async def stream_pieces(ctx: Context, job_id: str, asm: Assembly) -> AsyncIterator[Optional[Piece]]:
     """New visible output as it arrives; None on idle ticks (for keepalives).
     The caller's ``finally`` decides about cancellation."""
+    give_up = _give_up_after(ctx)
     async for _, event in ctx.backend.events(job_id):
+        if time.monotonic() > give_up:
+            raise GatewayTimeout(ctx.settings.request_timeout_s)
         if event is None:
             yield None
             continue

@@ -116,3 +116,23 @@ def test_invalid_parameter_is_400_in_openai_shape(client):
         greedy_chat(client, max_tokens=4, top_p=1.5)
     assert e.value.status_code == 400
     assert "top_p" in e.value.body["message"]
+
+
+def test_chat_logprobs(client):
+    r = greedy_chat(client, max_tokens=5, logprobs=True, top_logprobs=2, extra_body={"ignore_eos": True})
+    content = r.choices[0].logprobs.content
+    assert len(content) == 5 == r.usage.completion_tokens
+    for entry in content:
+        assert entry.token.startswith("token_id:") and entry.logprob <= 0.0
+        assert 1 <= len(entry.top_logprobs) <= 3
+        assert entry.top_logprobs[0].logprob == pytest.approx(entry.logprob, abs=1e-5)  # greedy picks the top
+
+
+def test_request_timeout_becomes_the_job_deadline(stack):
+    from tests.gateway.stack import running_gateway
+
+    with running_gateway(stack.url, request_timeout_s=1.0) as url:
+        c = OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=60)
+        r = c.completions.create(model=TINY, prompt="Go", max_tokens=4000, extra_body={"ignore_eos": True})
+        assert r.choices[0].finish_reason == "deadline"
+        assert 0 < r.usage.completion_tokens < 4000
