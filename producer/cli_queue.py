@@ -112,23 +112,23 @@ def _retry(p, models, wanted: set[str], everything: bool) -> int:
     from producer.admission import ADMISSION_LUA, interpret, script_args, script_keys
 
     admit = p.redis.register_script(ADMISSION_LUA)
+    from rich.progress import track
+
+    todo = [(m, eid, f) for m in models for eid, f in _entries(p, m) if everything or eid in wanted]
     done, failed = 0, 0
-    for m in models:
-        for eid, f in _entries(p, m):
-            if not everything and eid not in wanted:
-                continue
-            try:
-                job = Job.model_validate_json(f.get("job", ""))
-            except Exception as e:
-                err.print(f"[yellow]skip[/yellow] {eid}: the payload is not a valid job ({str(e)[:200]})")
-                failed += 1
-                continue
-            p.redis.delete(keys.reply(job.id), keys.job_info(job.id), keys.cancel(job.id))
-            interpret(admit(keys=script_keys(job, None), args=script_args(job, None, p.settings)), job, p.settings)
-            p.redis.xdel(keys.dlq(m), eid)
-            out.print(f"requeued job {job.id} (was DLQ entry {eid})")
-            done += 1
-            wanted.discard(eid)
+    for m, eid, f in track(todo, description="requeueing", console=err, disable=len(todo) < 20):
+        try:
+            job = Job.model_validate_json(f.get("job", ""))
+        except Exception as e:
+            err.print(f"[yellow]skip[/yellow] {eid}: the payload is not a valid job ({str(e)[:200]})")
+            failed += 1
+            continue
+        p.redis.delete(keys.reply(job.id), keys.job_info(job.id), keys.cancel(job.id))
+        interpret(admit(keys=script_keys(job, None), args=script_args(job, None, p.settings)), job, p.settings)
+        p.redis.xdel(keys.dlq(m), eid)
+        out.print(f"requeued job {job.id} (was DLQ entry {eid})")
+        done += 1
+        wanted.discard(eid)
     for missing in sorted(wanted):
         err.print(f"[yellow]not found[/yellow] DLQ entry {missing}")
         failed += 1
