@@ -137,10 +137,22 @@ class Supervisor:
                 return
             self.console.print(f"[yellow]![/yellow] INFERQ_REDIS_URL={safe_url(url)} is not reachable; "
                                "starting an embedded Redis instead")
+        self._lock_data_dir()
         port = _pick_port(self.opts.redis_port, DEFAULT_REDIS_PORT)
         self.redis = EmbeddedRedis(self.data_dir / "redis", port=port).start()
         self.redis_url = self.redis.url
         self.console.print(f"[green]✓[/green] embedded Redis {self.redis.url} (AOF in {self.redis.data_dir})")
+
+    def _lock_data_dir(self) -> None:
+        """Two embedded servers on one AOF folder would corrupt it: one `up` per folder."""
+        import fcntl
+
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self._lock = open(self.data_dir / "up.lock", "w")
+        try:
+            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            raise EmbeddedRedisError(f"another `inferq up` is using {self.data_dir}; stop it, or pass --data-dir")
 
     def _child_env(self) -> dict:
         env = dict(os.environ)
