@@ -1,0 +1,22 @@
+"""The producer side (gateway, CLI, Celery, `up`) must import without torch or
+the worker: web backends and the slim image install it without them."""
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+MODULES = ["producer.cli", "producer.up", "producer.doctor", "producer.gateway", "producer.gateway.app",
+           "producer.celery_app", "producer.celery_tasks", "producer.maintenance", "producer.embedded_redis",
+           "producer.cli_jobs", "producer.cli_queue", "producer.queue_stats"]
+
+
+def test_producer_modules_do_not_import_torch_or_the_worker():
+    code = ("import importlib, sys\n"
+            f"for m in {MODULES!r}: importlib.import_module(m)\n"
+            "from producer.gateway import create_app; create_app()\n"
+            "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'gpuworker', 'transformers'))\n"
+            "print(bad)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[]"
