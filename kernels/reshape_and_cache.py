@@ -46,6 +46,18 @@ def _reshape_and_cache_kernel(
     tl.store(value_cache_ptr + dst, v.to(value_cache_ptr.dtype.element_ty), mask=mask)
 
 
+CACHE_WRITE_LAUNCH_OPTIONS = dict(num_warps=4)
+
+
+def cache_write_constants(num_kv_heads: int, head_dim: int) -> dict:
+    return dict(
+        NUM_KV_HEADS=num_kv_heads,
+        HEAD_DIM=head_dim,
+        HEADS_PAD=triton.next_power_of_2(num_kv_heads),
+        DIM_PAD=triton.next_power_of_2(head_dim),
+    )
+
+
 def reshape_and_cache(
     key: torch.Tensor,  # [T, Hkv, D]
     value: torch.Tensor,  # [T, Hkv, D]
@@ -66,8 +78,6 @@ def reshape_and_cache(
         key, value, key_cache, value_cache, slot_mapping,
         *key.stride(), *value.stride(), *key_cache.stride(),
         block_size,
-        NUM_KV_HEADS=num_kv_heads,
-        HEAD_DIM=head_dim,
-        HEADS_PAD=triton.next_power_of_2(num_kv_heads),
-        DIM_PAD=triton.next_power_of_2(head_dim),
+        **cache_write_constants(num_kv_heads, head_dim),
+        **CACHE_WRITE_LAUNCH_OPTIONS,
     )

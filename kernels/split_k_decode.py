@@ -72,6 +72,18 @@ def _merge_kv_splits_kernel(
     )
 
 
+MERGE_LAUNCH_OPTIONS = dict(num_warps=4)
+
+
+def merge_constants(num_splits: int, head_dim: int, dim_pad: int) -> dict:
+    return dict(
+        NUM_SPLITS=num_splits,
+        SPLITS_PAD=triton.next_power_of_2(num_splits),
+        HEAD_DIM=head_dim,
+        DIM_PAD=dim_pad,
+    )
+
+
 def merge_kv_splits(
     part_out: torch.Tensor,  # [T, Hq, S, DIM_PAD] fp32
     part_lse: torch.Tensor,  # [T, Hq, S] fp32
@@ -84,9 +96,6 @@ def merge_kv_splits(
         part_out, part_lse, out, query_start_loc,
         num_seqs, num_heads,
         *out.stride(),
-        NUM_SPLITS=num_splits,
-        SPLITS_PAD=triton.next_power_of_2(num_splits),
-        HEAD_DIM=out.shape[2],
-        DIM_PAD=dim_pad,
-        num_warps=4,
+        **merge_constants(num_splits, out.shape[2], dim_pad),
+        **MERGE_LAUNCH_OPTIONS,
     )

@@ -169,18 +169,35 @@ def _unified_attention_kernel(
         )
 
 
-def tile_config(num_queries_per_kv: int, head_dim: int, max_query_len: int, dtype: torch.dtype) -> dict:
-    """Tile sizes for one launch. tl.dot needs every dimension >= 16."""
-    rows = 16 if max_query_len <= 4 else 64  # decodes leave most rows of a big tile idle
-    block_m = max(rows, triton.next_power_of_2(num_queries_per_kv))
+LAUNCH_OPTIONS = dict(num_warps=4, num_stages=2)
+
+
+def kernel_constants(
+    dtype: torch.dtype,
+    device_type: str,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    block_size: int,
+    max_query_len: int,
+    num_kv_splits: int,
+) -> dict:
+    """The constexpr arguments of one launch (also used to compile ahead of time for a GPU)."""
+    queries_per_kv = num_heads // num_kv_heads
+    rows = 16 if max_query_len <= 4 else 64  # decodes leave most rows of a big tile idle; tl.dot needs >= 16
+    block_m = max(rows, triton.next_power_of_2(queries_per_kv))
     dim_pad = max(16, triton.next_power_of_2(head_dim))
-    block_n = 32 if (dtype == torch.float32 and dim_pad >= 128) else 64  # fp32 tiles cost twice the registers
-    return {
-        "BLOCK_M": block_m,
-        "BLOCK_Q": block_m // num_queries_per_kv,
-        "BLOCK_N": block_n,
-        "DIM_PAD": dim_pad,
-    }
+    return dict(
+        QUERIES_PER_KV=queries_per_kv,
+        HEAD_DIM=head_dim,
+        DIM_PAD=dim_pad,
+        BLOCK_SIZE=block_size,
+        BLOCK_M=block_m,
+        BLOCK_Q=block_m // queries_per_kv,
+        BLOCK_N=32 if (dtype == torch.float32 and dim_pad >= 128) else 64,  # fp32 tiles cost twice the registers
+        NUM_SPLITS=num_kv_splits,
+        DOT_IN_FP32=dtype == torch.float32 or device_type == "cpu",
+    )
 
 
 def unified_attention(
@@ -213,23 +230,23 @@ def unified_attention(
     if num_tokens == 0 or num_seqs == 0:
         return out
     _, block_size, num_kv_heads, _ = key_cache.shape
-    queries_per_kv = num_heads // num_kv_heads
     if num_kv_splits is None:
         num_kv_splits = choose_num_kv_splits(
             num_seqs, num_kv_heads, max_query_len, max_seq_len, num_compute_units(q.device)
         )
-    cfg = tile_config(queries_per_kv, head_dim, max_query_len, q.dtype)
-    dot_in_fp32 = q.dtype == torch.float32 or q.device.type == "cpu"
+    const = kernel_constants(
+        q.dtype, q.device.type, num_heads, num_kv_heads, head_dim, block_size, max_query_len, num_kv_splits
+    )
 
     if num_kv_splits > 1:
         part_out = torch.empty(
-            (num_tokens, num_heads, num_kv_splits, cfg["DIM_PAD"]), dtype=torch.float32, device=q.device
+            (num_tokens, num_heads, num_kv_splits, const["DIM_PAD"]), dtype=torch.float32, device=q.device
         )
         part_lse = torch.empty((num_tokens, num_heads, num_kv_splits), dtype=torch.float32, device=q.device)
     else:  # never read or written
         part_out = part_lse = out
 
-    grid = (num_tokens // cfg["BLOCK_Q"] + num_seqs, num_kv_heads, num_kv_splits)
+    grid = (num_tokens // const["BLOCK_Q"] + num_seqs, num_kv_heads, num_kv_splits)
     _unified_attention_kernel[grid](
         q, key_cache, value_cache, out,
         part_out, part_lse,
@@ -238,14 +255,8 @@ def unified_attention(
         softmax_scale * math.log2(math.e),
         *q.stride(), *out.stride(), *key_cache.stride(),
         block_tables.stride(0),
-        QUERIES_PER_KV=queries_per_kv,
-        HEAD_DIM=head_dim,
-        BLOCK_SIZE=block_size,
-        NUM_SPLITS=num_kv_splits,
-        DOT_IN_FP32=dot_in_fp32,
-        num_warps=4,
-        num_stages=2,
-        **cfg,
+        **const,
+        **LAUNCH_OPTIONS,
     )
     if num_kv_splits > 1:
         merge_kv_splits(part_out, part_lse, out, query_start_loc, num_seqs)

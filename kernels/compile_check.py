@@ -1,0 +1,221 @@
+"""Compile every kernel for an NVIDIA GPU without one: ``python -m kernels.compile_check``.
+
+Triton's compiler and ``ptxas`` (bundled with the triton wheel) run on any
+Linux machine, so CPU-only CI can prove the compiled path builds: Python AST
+-> Triton IR -> LLVM -> PTX -> cubin for, by default, Hopper (sm_90, the
+H100/H200). It compiles the same constexpr variants a real launch would use
+(``kernel_constants`` etc.), for shapes the engine meets: SmolLM2-135M
+(Hq 9 / Hkv 3 / D 64), Llama-3-8B (32 / 8 / 128), a tiny test model (D 16),
+each in decodes, split-K decodes and prefill tiles, in bf16, fp16 and fp32.
+
+It checks that each variant compiles and fits in shared memory; it cannot
+check numerics or speed (scripts/gpu_check.py does, on a GPU). Must run
+without TRITON_INTERPRET (the interpreter has nothing to compile).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import torch
+
+HOPPER_SHARED_MEMORY = 227 * 1024  # bytes one block may use on sm_90
+
+
+def _signature(kernel, args: dict, constexprs: dict) -> tuple[dict, dict, dict]:
+    """Types, constants and alignment attributes for ``args``, specialised as a launch would be.
+
+    As at launch, pointers and ints divisible by 16 get ``tt.divisibility = 16``
+    (this is what lets Triton vectorise loads) and an int equal to 1 becomes a
+    constant; ``do_not_specialize`` arguments get neither.
+    """
+    from triton.backends.nvidia.compiler import CUDABackend
+    from triton.runtime.jit import native_specialize_impl
+
+    not_specialized = set()
+    for item in getattr(kernel, "do_not_specialize", []) or []:
+        not_specialized.add(kernel.arg_names[item] if isinstance(item, int) else item)
+    signature, constants, attrs = {}, dict(constexprs), {}
+    for index, name in enumerate(kernel.arg_names):
+        if name in constexprs:
+            signature[name] = "constexpr"
+            continue
+        value = args[name]
+        specialize = name not in not_specialized
+        kind, key = native_specialize_impl(CUDABackend, value, False, specialize, specialize)
+        signature[name] = kind
+        if kind == "constexpr":  # an int equal to 1 is baked in
+            constants[name] = value
+        elif isinstance(key, str) and key:
+            attrs[(index,)] = CUDABackend.parse_attr(key)
+    return signature, constants, attrs
+
+
+def _meta(shape, dtype) -> torch.Tensor:
+    return torch.empty(shape, dtype=dtype, device="meta")
+
+
+def attention_variant(dtype, num_heads, num_kv_heads, head_dim, block_size, max_query_len, num_kv_splits):
+    from kernels.unified_attention import LAUNCH_OPTIONS, _unified_attention_kernel, kernel_constants
+
+    const = kernel_constants(dtype, "cuda", num_heads, num_kv_heads, head_dim, block_size, max_query_len, num_kv_splits)
+    q = _meta((64, num_heads, head_dim), dtype)
+    cache = _meta((100, block_size, num_kv_heads, head_dim), dtype)
+    part = _meta((64, num_heads, max(num_kv_splits, 1), const["DIM_PAD"]), torch.float32)
+    ints = _meta((9,), torch.int32)
+    tables = _meta((8, 40), torch.int32)
+    args = dict(
+        q_ptr=q, key_cache_ptr=cache, value_cache_ptr=cache, out_ptr=q, part_out_ptr=part, part_lse_ptr=part,
+        query_start_loc_ptr=ints, seq_lens_ptr=ints, block_tables_ptr=tables, num_seqs=8, num_heads=num_heads,
+        scale_log2=0.18,
+        stride_qt=q.stride(0), stride_qh=q.stride(1), stride_qd=q.stride(2),
+        stride_ot=q.stride(0), stride_oh=q.stride(1), stride_od=q.stride(2),
+        stride_cb=cache.stride(0), stride_cs=cache.stride(1), stride_ch=cache.stride(2), stride_cd=cache.stride(3),
+        stride_block_table=tables.stride(0),
+    )
+    name = (
+        f"unified_attention {str(dtype)[6:]} Hq{num_heads}/Hkv{num_kv_heads} D{head_dim} bs{block_size} "
+        f"max_q{max_query_len} splits{num_kv_splits}"
+    )
+    return name, _unified_attention_kernel, args, const, LAUNCH_OPTIONS
+
+
+def merge_variant(dtype, num_heads, head_dim, num_kv_splits):
+    import triton
+
+    from kernels.split_k_decode import MERGE_LAUNCH_OPTIONS, _merge_kv_splits_kernel, merge_constants
+
+    const = merge_constants(num_kv_splits, head_dim, max(16, triton.next_power_of_2(head_dim)))
+    out = _meta((64, num_heads, head_dim), dtype)
+    part = _meta((64, num_heads, num_kv_splits, const["DIM_PAD"]), torch.float32)
+    args = dict(
+        part_out_ptr=part, part_lse_ptr=part, out_ptr=out, query_start_loc_ptr=_meta((9,), torch.int32),
+        num_seqs=8, num_heads=num_heads, stride_ot=out.stride(0), stride_oh=out.stride(1), stride_od=out.stride(2),
+    )
+    name = f"merge_kv_splits {str(dtype)[6:]} Hq{num_heads} D{head_dim} splits{num_kv_splits}"
+    return name, _merge_kv_splits_kernel, args, const, MERGE_LAUNCH_OPTIONS
+
+
+def cache_write_variant(dtype, num_kv_heads, head_dim, block_size):
+    from kernels.reshape_and_cache import CACHE_WRITE_LAUNCH_OPTIONS, _reshape_and_cache_kernel, cache_write_constants
+
+    key = _meta((64, num_kv_heads, head_dim), dtype)
+    cache = _meta((100, block_size, num_kv_heads, head_dim), dtype)
+    args = dict(
+        key_ptr=key, value_ptr=key, key_cache_ptr=cache, value_cache_ptr=cache,
+        slot_ptr=_meta((64,), torch.int64),
+        stride_kt=key.stride(0), stride_kh=key.stride(1), stride_kd=key.stride(2),
+        stride_vt=key.stride(0), stride_vh=key.stride(1), stride_vd=key.stride(2),
+        stride_cb=cache.stride(0), stride_cs=cache.stride(1), stride_ch=cache.stride(2), stride_cd=cache.stride(3),
+        block_size=block_size,
+    )
+    name = f"reshape_and_cache {str(dtype)[6:]} Hkv{num_kv_heads} D{head_dim} bs{block_size}"
+    return name, _reshape_and_cache_kernel, args, cache_write_constants(num_kv_heads, head_dim), CACHE_WRITE_LAUNCH_OPTIONS
+
+
+BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
+CORE_VARIANTS = [
+    # SmolLM2-135M in bf16, the engine's CUDA default: decode, split-K decode, prefill
+    lambda: attention_variant(BF16, 9, 3, 64, 16, 1, 1),
+    lambda: attention_variant(BF16, 9, 3, 64, 16, 1, 8),
+    lambda: attention_variant(BF16, 9, 3, 64, 16, 512, 1),
+    # Llama-3-8B shapes: D 128, GQA 4
+    lambda: attention_variant(BF16, 32, 8, 128, 16, 512, 1),
+    # fp32 with D 128 (IEEE dots, narrower key tiles) and split-K
+    lambda: attention_variant(FP32, 8, 8, 128, 32, 64, 2),
+    lambda: merge_variant(BF16, 9, 64, 8),
+    lambda: cache_write_variant(BF16, 3, 64, 16),
+    lambda: cache_write_variant(FP32, 1, 16, 16),  # a single KV head: a 1-wide head axis
+]
+EXTRA_VARIANTS = [
+    lambda: attention_variant(FP16, 8, 8, 128, 32, 300, 1),
+    lambda: attention_variant(BF16, 32, 8, 128, 16, 1, 4),
+    lambda: attention_variant(BF16, 4, 2, 16, 16, 1, 1),  # tiny test models
+    lambda: attention_variant(FP16, 32, 4, 128, 128, 64, 1),  # GQA 8, block size 128
+    lambda: attention_variant(FP32, 6, 2, 64, 16, 1, 4),
+    lambda: merge_variant(FP16, 32, 128, 4),
+    lambda: cache_write_variant(FP16, 8, 128, 32),
+]
+
+
+def ptxas_report(ptx: str, arch: int) -> str:
+    """Registers and spills per thread, from the ptxas bundled with triton (informational)."""
+    import re
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    try:  # the ptxas triton itself used for this arch
+        from triton.backends.nvidia.compiler import get_ptxas
+
+        ptxas = get_ptxas(arch).path
+    except Exception:
+        return "ptxas not found"
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / "kernel.ptx"
+        src.write_text(ptx)
+        arch_name = f"sm_{arch}a" if arch >= 90 else f"sm_{arch}"
+        result = subprocess.run(
+            [str(ptxas), "-v", f"--gpu-name={arch_name}", str(src), "-o", str(Path(tmp) / "kernel.cubin")],
+            capture_output=True, text=True,
+        )
+    report = result.stdout + result.stderr
+    regs = re.search(r"Used (\d+) registers", report)
+    spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", report)
+    if not regs:
+        return "ptxas gave no report"
+    text = f"{regs.group(1)} registers"
+    if spills and (int(spills.group(1)) or int(spills.group(2))):
+        text += f", SPILLS {spills.group(1)}/{spills.group(2)} B store/load"
+    return text
+
+
+def compile_variant(variant, arch: int) -> tuple[str, float, int]:
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    name, kernel, args, constexprs, options = variant()
+    signature, constants, attrs = _signature(kernel, args, constexprs)
+    start = time.perf_counter()
+    compiled = triton.compile(
+        ASTSource(fn=kernel, signature=signature, constexprs=constants, attrs=attrs),
+        target=GPUTarget("cuda", arch, 32),
+        options=dict(options),
+    )
+    if "cubin" not in compiled.asm:
+        raise RuntimeError(f"{name}: no cubin produced")
+    seconds = time.perf_counter() - start
+    return f"{name} ({ptxas_report(compiled.asm['ptx'], arch)})", seconds, int(compiled.metadata.shared)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--arch", type=int, default=90, help="CUDA compute capability x10 (90 = Hopper)")
+    parser.add_argument("--all", action="store_true", help="also the extra variants (slower)")
+    args = parser.parse_args(argv)
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        print("unset TRITON_INTERPRET: the interpreter has nothing to compile", file=sys.stderr)
+        return 2
+    import triton
+
+    print(f"triton {triton.__version__}, target sm_{args.arch}")
+    failures = 0
+    for variant in CORE_VARIANTS + (EXTRA_VARIANTS if args.all else []):
+        try:
+            name, seconds, shared = compile_variant(variant, args.arch)
+        except Exception as exc:  # report every variant, then fail
+            failures += 1
+            print(f"FAIL {exc!r}"[:2000])
+            continue
+        fits = shared <= HOPPER_SHARED_MEMORY
+        failures += not fits
+        print(f"{'ok  ' if fits else 'FAIL'} {name}: {seconds:.1f}s, shared memory {shared} B")
+    print(f"{failures} failure(s)")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
