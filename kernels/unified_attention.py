@@ -218,8 +218,9 @@ def unified_attention(
     Same contract as ``kernels.reference.unified_attention``: sequence ``i``'s
     rows ``query_start_loc[i]:query_start_loc[i+1]`` are its last tokens and
     their K/V are already in the cache. Rows past ``query_start_loc[B]`` are
-    left untouched. For CUDA-graph capture pass a fixed ``num_kv_splits``: the
-    grid then depends only on ``T``, ``B`` and ``max_query_len``'s tile choice.
+    left untouched. Nothing is read back to the host, so a call can be captured
+    in a CUDA graph; programs find their sequence and split segment from the
+    device tensors, so the split count fixed at capture stays correct.
     """
     check_unified_attention(q, key_cache, value_cache, out, query_start_loc, seq_lens, block_tables, num_kv_splits)
     check_launchable(_unified_attention_kernel, key_cache)
