@@ -125,6 +125,7 @@ class Supervisor:
         self.worker: Optional[Child] = None
         self.gateway: Optional[Child] = None
         self.stop_event = threading.Event()
+        self._stopping = False
         self.model = opts.served_model_name or served_name(opts.model)
 
     # -- start ----------------------------------------------------------
@@ -248,7 +249,19 @@ class Supervisor:
         c.print(f"READY {url}", markup=False, highlight=False)
 
     def _on_signal(self, signum, frame) -> None:
+        if self._stopping:
+            # A second Ctrl-C while draining: do not wait any longer.
+            for proc in self._procs():
+                if proc.poll() is None:
+                    proc.kill()
+            return
         self.stop_event.set()
+
+    def _procs(self) -> list:
+        procs = [c.proc for c in (self.gateway, self.worker) if c is not None]
+        if self.redis and self.redis.proc:
+            procs.append(self.redis.proc)
+        return procs
 
     def run(self) -> int:
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -289,7 +302,8 @@ class Supervisor:
         return 0
 
     def shutdown(self) -> None:
-        self.console.print("stopping…")
+        self._stopping = True
+        self.console.print("stopping… (the worker finishes in-flight jobs; Ctrl-C again to kill at once)")
         if self.gateway:
             self.gateway.stop(timeout=10)
         if self.worker:
