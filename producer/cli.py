@@ -85,6 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
     doc.add_argument("--metrics-url", default=None, help="default: $INFERQ_METRICS_URL or http://127.0.0.1:9400/metrics")
     doc.add_argument("--interval", type=float, default=5.0, help="seconds between the two samples")
     doc.add_argument("--json", action="store_true")
+
+    # Listed for --help only: main() hands `bench ...` to producer.bench.cli untouched.
+    sub.add_parser("bench", help="benchmarks: serve (load-test a running inferq), modes, offline", add_help=False)
     return parser
 
 
@@ -95,6 +98,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         from producer.cli_jobs import run_worker
 
         return run_worker(argv[1:])
+    # `inferq bench serve|modes|offline ...` has its own parser (modes/offline pass through to gpuworker.bench).
+    if argv and argv[0] == "bench":
+        from producer.bench.cli import main as bench_main
+
+        return bench_main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
