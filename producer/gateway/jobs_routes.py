@@ -5,6 +5,7 @@ events stream is meant to be resumed with Last-Event-ID. DELETE cancels.
 """
 from __future__ import annotations
 
+import re
 import time
 from typing import Any, Optional
 
@@ -112,8 +113,6 @@ async def job_events(job_id: str, request: Request, principal: Principal = Depen
     ctx = ctx_of(request)
     await _owned_job(ctx, principal, job_id)
     start = last_event_id or from_id or "0-0"
-    import re
-
     if not re.match(_ENTRY_ID, start):
         raise bad_request(f"Last-Event-ID must be a reply entry id like '1700000000000-0', got {start!r}")
     # Already past the terminal event: nothing more will ever come.

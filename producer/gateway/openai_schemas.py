@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from schemas import SamplingParams
 from producer.gateway.config import GatewaySettings
-from producer.gateway.errors import APIError, bad_request
+from producer.gateway.errors import bad_request
 
 
 class StreamOptions(BaseModel):
@@ -148,7 +148,3 @@ def check_prompt_size(settings: GatewaySettings, text: Optional[str] = None,
     if chars > settings.max_prompt_chars:
         raise bad_request(f"prompt has {chars} characters; this gateway accepts at most {settings.max_prompt_chars}",
                           param="messages" if messages else "prompt", code="prompt_too_long")
-
-
-def reject(status: int, message: str, **kw) -> APIError:
-    return APIError(status, message, **kw)
