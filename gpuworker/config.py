@@ -24,6 +24,7 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.9
     dtype: Optional[str] = None  # None: float32 on CPU, bfloat16 on CUDA
     device: Optional[str] = None  # None: cuda if available, else cpu
+    enforce_eager: bool = False  # True: no CUDA graphs for decode steps
 
     # Default KV budget on CPU, where there is no memory profiling to do.
     CPU_KV_CACHE_BYTES = 2 * 1024**3

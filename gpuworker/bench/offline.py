@@ -112,9 +112,11 @@ def run_hf_generate_batch(model, wl: Workload, max_batch_tokens: int, num_blocks
         ]
         done, made = set(), 0
         while len(done) < len(ids):
-            res = manager.get_result(timeout=60)
+            res = manager.get_result(timeout=5)
             if res is None:
-                raise RuntimeError("generate_batch stalled")
+                if not manager.is_running():
+                    raise RuntimeError("generate_batch's generation thread stopped")
+                continue
             if res.is_finished():
                 done.add(res.request_id)
                 made += len(res.generated_tokens)

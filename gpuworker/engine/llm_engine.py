@@ -62,6 +62,13 @@ class LLMEngine:
             enable_chunked_prefill=config.enable_chunked_prefill,
         )
         self.runner = ModelRunner(self.model, self.kv_caches, config.block_size, self.device)
+        if self.device.type == "cuda" and self.backend.name == "triton" and not config.enforce_eager:
+            from gpuworker.engine.cuda_graphs import DecodeGraphs
+
+            graphs = DecodeGraphs(self.model, self.kv_caches, self.backend, config.block_size,
+                                  self.max_model_len, config.max_num_seqs, self.device)
+            if graphs.capture():
+                self.runner.graphs = graphs
         self.requests: dict[str, Request] = {}
         self._with_deadline: set[str] = set()
         self.num_steps = 0

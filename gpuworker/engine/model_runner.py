@@ -26,6 +26,7 @@ class ModelRunner:
         self.block_size = block_size
         self.device = device
         self.sampler = Sampler()
+        self.graphs = None  # DecodeGraphs on CUDA, set by the engine after capture
 
     def build_metadata(self, sched: SchedulerOutput, kv: KVCacheManager):
         """One flattened varlen batch: every scheduled token of every request."""
@@ -76,7 +77,10 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput, kv: KVCacheManager) -> list[SampledToken]:
         ids, positions, meta, qsl = self.build_metadata(sched, kv)
-        hidden = self.model(ids, positions, self.kv_caches, meta)
+        if self.graphs is not None and self.graphs.can_run(meta):
+            hidden = self.graphs.run(ids, positions, meta)
+        else:
+            hidden = self.model(ids, positions, self.kv_caches, meta)
         # Logits only for rows that sample: the last token of each finished prompt/decode.
         sampling = [(i, s) for i, s in enumerate(sched.scheduled) if s.samples]
         if not sampling:
