@@ -17,3 +17,10 @@ def bench_stack(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_model_name():
     return TINY
+
+
+@pytest.fixture(scope="session")
+def tiny_model_folder(tmp_path_factory):
+    from tests.tiny_models import save_tiny_model
+
+    return save_tiny_model("llama", tmp_path_factory.mktemp("bench-tiny") / "llama")

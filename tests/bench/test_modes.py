@@ -12,12 +12,11 @@ SHORT, LONG, OUT, N, CHUNK, STATIC_B = (4, 12), (40, 60), (2, 6), 6, 16, 2
 
 
 @pytest.fixture(scope="module")
-def modes_run(tmp_path_factory):
-    from tests.tiny_models import save_tiny_model
+def modes_run(tmp_path_factory, tiny_model_folder):
     from producer.bench.cli import main as bench_main
 
     tmp = tmp_path_factory.mktemp("modes")
-    folder = save_tiny_model("llama", tmp / "tiny")
+    folder = tiny_model_folder
     out, fig = tmp / "modes.json", tmp / "modes.png"
     # All requests arrive at once (rate inf): each mode's step plan is then deterministic.
     rc = bench_main(["modes", "--model", str(folder), "--num-requests", str(N), "--short-input", "%d,%d" % SHORT,
