@@ -31,7 +31,16 @@ def naive_attention(q, keys, values, context, scale):
     return out
 
 
-def run_case(seqs, n_kv, groups, head_dim=8, block_size=16, seed=0, padded_rows=0):
+# The backend has two prefill paths (explicit scores / SDPA) and groups decodes by
+# length; these settings force each variant so every path meets the reference.
+VARIANTS = {
+    "default": {},
+    "sdpa_prefill": {"max_explicit_scores": 0},
+    "grouped_decodes": {"min_group_saving_blocks": 1},
+}
+
+
+def run_case(seqs, n_kv, groups, head_dim=8, block_size=16, seed=0, variant="default"):
     """seqs: list of (context_len, query_len). Returns (ours, reference, caches, slots)."""
     gen = torch.Generator().manual_seed(seed)
     rng = random.Random(seed)
@@ -39,7 +48,7 @@ def run_case(seqs, n_kv, groups, head_dim=8, block_size=16, seed=0, padded_rows=
     num_blocks = sum(-(-(c + q) // block_size) for c, q in seqs) + 4
     free = list(range(num_blocks))
     rng.shuffle(free)
-    backend = TorchAttentionBackend()
+    backend = TorchAttentionBackend(**VARIANTS[variant])
     (kc, vc), = backend.allocate_kv_cache(1, num_blocks, block_size, n_kv, head_dim, torch.float32, torch.device("cpu"))
     kc.normal_(generator=gen)  # garbage in unused slots must never leak into results
     vc.normal_(generator=gen)
@@ -84,13 +93,15 @@ CASES = [
     [(16, 16)],  # context and chunk both exact block multiples
     [(21, 13)],  # chunk starts mid-block and ends mid-block
     [(5, 1), (0, 9), (40, 1), (20, 30), (3, 1), (0, 33)],  # mixed, decode rows not contiguous
+    [(100, 1), (2, 1), (70, 1), (0, 4), (9, 1), (130, 1), (33, 1)],  # decodes of very different lengths
 ]
 
 
+@pytest.mark.parametrize("variant", list(VARIANTS))
 @pytest.mark.parametrize("groups", [1, 3, 4])
 @pytest.mark.parametrize("case", range(len(CASES)))
-def test_backend_matches_naive_reference(case, groups):
-    out, ref = run_case(CASES[case], n_kv=2, groups=groups, seed=case * 10 + groups)
+def test_backend_matches_naive_reference(case, groups, variant):
+    out, ref = run_case(CASES[case], n_kv=2, groups=groups, seed=case * 10 + groups, variant=variant)
     assert out.shape == ref.shape
     err = (out.double() - ref).abs().max().item()
     assert err < 1e-5, f"max abs diff {err}"
@@ -104,7 +115,8 @@ def test_random_batches_with_other_block_size():
             ctx = rng.choice([0, 0, 1, 8, 13, rng.randint(0, 40)])
             q_len = rng.choice([1, 1, 2, 8, rng.randint(1, 20)])
             seqs.append((ctx, q_len))
-        out, ref = run_case(seqs, n_kv=rng.choice([1, 2]), groups=rng.choice([1, 3, 4]), block_size=8, seed=trial)
+        out, ref = run_case(seqs, n_kv=rng.choice([1, 2]), groups=rng.choice([1, 3, 4]), block_size=8, seed=trial,
+                            variant=list(VARIANTS)[trial % len(VARIANTS)])
         err = (out.double() - ref).abs().max().item()
         assert err < 1e-5, f"{seqs}: max abs diff {err}"
 
@@ -123,6 +135,16 @@ def test_negative_slots_are_not_written():
     assert torch.count_nonzero(kc[0]) == 0 and torch.count_nonzero(kc[3]) == 0
     ref = naive_attention(q[:3], k[:3], v[:3], 0, 8**-0.5)
     assert (out[:3].double() - ref).abs().max().item() < 1e-5
+
+
+def test_decodes_are_grouped_by_length():
+    backend = TorchAttentionBackend()
+    seqs = [(500, 1), (20, 1), (490, 1), (30, 1), (25, 1)]
+    tables = [list(range(i * 40, i * 40 + -(-(c + 1) // 16))) for i, (c, _) in enumerate(seqs)]
+    meta, _ = build_metadata(seqs, tables, 16)
+    plan = backend._make_plan(meta, 4, 2, torch.float32, torch.device("cpu"))
+    assert [g.num_blocks for g in plan.decodes] == [32, 2]  # short ones do not pad to 500 tokens
+    assert plan.decodes[0].rows.tolist() == [0, 2] and plan.decodes[1].rows.tolist() == [1, 3, 4]
 
 
 def test_plan_is_reused_across_layers_of_one_step():
