@@ -9,8 +9,11 @@
 """
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any, AsyncIterator, Optional
+
+import redis
 
 from schemas import decode_event, keys
 from schemas.events import TERMINAL_TYPES
@@ -56,6 +59,7 @@ class AsyncJobHandle:
         block_ms = clamp_block_ms(block_ms, self._p.settings.socket_timeout)
         end = None if timeout is None else time.monotonic() + timeout
         filt = ReplyFilter()
+        down_since = None
         while True:
             wait = block_ms
             if end is not None:
@@ -63,7 +67,18 @@ class AsyncJobHandle:
                 if left <= 0:
                     raise TimeoutError(f"job {self.id} did not finish within {timeout}s")
                 wait = max(1, min(block_ms, int(left * 1000)))
-            resp = await r.xread({key: last_id}, count=512, block=wait)
+            try:
+                resp = await r.xread({key: last_id}, count=512, block=wait)
+                down_since = None
+            except (redis.ConnectionError, redis.TimeoutError):
+                # Redis restarting or a network blip: resume from the last seen id.
+                now = time.monotonic()
+                down_since = down_since or now
+                if now - down_since > self._p.settings.reconnect_timeout:
+                    raise
+                delay = min(2.0, 0.1 * 2 ** min(int(now - down_since), 4))
+                await asyncio.sleep(delay)
+                continue
             if not resp:
                 if not await r.exists(key):
                     raise JobNotFound(self.id)

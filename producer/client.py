@@ -16,6 +16,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Optional, Union
 
+import redis
+
 from schemas import SamplingParams, Timings, Usage, decode_event, keys
 from schemas.events import TERMINAL_TYPES
 from schemas.job import ChatMessage, Job
@@ -248,6 +250,7 @@ class JobHandle:
         block_ms = clamp_block_ms(block_ms, self._p.settings.socket_timeout)
         end = None if timeout is None else time.monotonic() + timeout
         filt = ReplyFilter()
+        down_since = None
         while True:
             wait = block_ms
             if end is not None:
@@ -255,7 +258,18 @@ class JobHandle:
                 if left <= 0:
                     raise TimeoutError(f"job {self.id} did not finish within {timeout}s")
                 wait = max(1, min(block_ms, int(left * 1000)))
-            resp = r.xread({key: last_id}, count=512, block=wait)
+            try:
+                resp = r.xread({key: last_id}, count=512, block=wait)
+                down_since = None
+            except (redis.ConnectionError, redis.TimeoutError):
+                # Redis restarting or a network blip: resume from the last seen id.
+                now = time.monotonic()
+                down_since = down_since or now
+                if now - down_since > self._p.settings.reconnect_timeout:
+                    raise
+                delay = min(2.0, 0.1 * 2 ** min(int(now - down_since), 4))
+                time.sleep(delay)
+                continue
             if not resp:
                 if not r.exists(key):
                     raise JobNotFound(self.id)

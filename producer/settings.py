@@ -32,6 +32,8 @@ class RedisSettings(BaseSettings):
     # turn a long BLOCK into a TimeoutError.
     socket_timeout: float = Field(30.0, gt=1.0)
     socket_connect_timeout: float = Field(5.0, gt=0.0)
+    # How long a reply stream reader keeps retrying while Redis is unreachable.
+    reconnect_timeout: float = Field(30.0, ge=0.0)
 
     def client_kwargs(self) -> dict[str, Any]:
         kw: dict[str, Any] = {

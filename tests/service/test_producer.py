@@ -260,3 +260,34 @@ def test_redis_url_from_env_with_password(tmp_path, monkeypatch):
             Producer(default_model=MODEL).submit("hi")
     finally:
         server.stop()
+
+
+def test_stream_resumes_across_a_redis_restart(tmp_path):
+    from tests.conftest import RedisServer
+
+    server = RedisServer(tmp_path, appendonly=True).start()
+    try:
+        p = Producer(server.url, default_model=MODEL)
+        r = redis.Redis.from_url(server.url)
+        h = p.submit("hi")
+        emit(r, h.id, StartedEvent(attempt=1, seq=0), DeltaEvent(attempt=1, seq=1, text="before "))
+        got = {}
+
+        def reader():
+            got["res"] = h.result(timeout=60)
+
+        t = threading.Thread(target=reader)
+        t.start()
+        time.sleep(0.5)
+        port = server.port
+        server.stop()  # AOF keeps the reply stream
+        time.sleep(1.0)
+        server.port = port
+        server.start()
+        emit(r, h.id, DeltaEvent(attempt=1, seq=2, text="after"), _done(1, 3))
+        t.join(30)
+        assert got["res"].text == "before after"
+        p.close()
+        r.close()
+    finally:
+        server.stop()
