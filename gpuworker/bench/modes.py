@@ -98,6 +98,9 @@ def summarize_latency(trace: Trace) -> dict:
         "max_itl_ms": 1000 * max(itls) if itls else float("nan"),
         "mean_step_tokens": statistics.fmean(trace.step_tokens) if trace.step_tokens else 0.0,
         "max_step_tokens": max(trace.step_tokens, default=0),
+        "max_step_ms": 1000 * max(trace.step_seconds, default=0.0),
+        # (tokens, ms) of every step: what one step costs as it grows.
+        "steps_tokens_ms": [[n, round(1000 * s, 2)] for n, s in zip(trace.step_tokens, trace.step_seconds)],
     }
 
 
@@ -124,13 +127,29 @@ def summarize_kv(trace: Trace, max_model_len: int) -> dict:
 
 # -- output --------------------------------------------------------------------
 def markdown_table(results: dict[str, dict]) -> str:
-    lines = ["| mode | throughput (out tok/s) | mean TTFT (ms) | p99 ITL (ms) | median ITL (ms) | wall (s) | steps | mean tokens/step |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    lines = ["| mode | throughput (out tok/s) | mean TTFT (ms) | p99 ITL (ms) | max ITL (ms) | median ITL (ms) | wall (s) "
+             "| steps | max tokens/step |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for name, r in results.items():
         m = r["latency"]
-        lines.append(f"| {LABELS[name]} | {m['throughput_tok_s']:.1f} | {m['mean_ttft_ms']:.0f} | {m['p99_itl_ms']:.0f} | "
-                     f"{m['median_itl_ms']:.0f} | {m['wall_s']:.1f} | {m['steps']} | {m['mean_step_tokens']:.0f} |")
+        lines.append(f"| {LABELS[name]} | {m['throughput_tok_s']:.2f} | {m['mean_ttft_ms']:.0f} | {m['p99_itl_ms']:.0f} | "
+                     f"{m['max_itl_ms']:.0f} | {m['median_itl_ms']:.0f} | {m['wall_s']:.1f} | {m['steps']} | "
+                     f"{m['max_step_tokens']} |")
     return "\n".join(lines)
+
+
+def step_cost_fit(results: dict[str, dict]) -> dict:
+    """Least-squares line through every step of every mode: ms = fixed + per_token * tokens.
+    On a CPU the per-token term dominates long prefills; chunking bounds it."""
+    pts = [(n, ms) for r in results.values() for n, ms in r["latency"]["steps_tokens_ms"]]
+    if len(pts) < 2 or len({n for n, _ in pts}) < 2:
+        return {"fixed_ms": float("nan"), "per_token_ms": float("nan"), "steps": len(pts)}
+    mx = statistics.fmean(n for n, _ in pts)
+    my = statistics.fmean(ms for _, ms in pts)
+    slope = sum((n - mx) * (ms - my) for n, ms in pts) / sum((n - mx) ** 2 for n, _ in pts)
+    decode_only = [ms for n, ms in pts if n <= 32]
+    return {"fixed_ms": my - slope * mx, "per_token_ms": slope, "steps": len(pts),
+            "median_small_step_ms": statistics.median(decode_only) if decode_only else float("nan")}
 
 
 def kv_table(results: dict[str, dict]) -> str:
@@ -154,26 +173,41 @@ def modes_figure(results: dict[str, dict], path: Path, title: str) -> Path:
     labels = [LABELS[n].replace("+", "\n+") for n in names]
     colors = ["#8c8c8c", "#dd8452", "#4c72b0", "#55a868"][: len(names)]
     panels = [("throughput_tok_s", "output tokens/s (higher is better)"),
-              ("mean_ttft_ms", "mean TTFT, ms (lower is better)"),
-              ("p99_itl_ms", "p99 ITL, ms (lower is better)")]
-    fig, axes = plt.subplots(1, 4, figsize=(15, 4))
+              ("mean_ttft_ms", "mean TTFT, ms (lower is better)")]
+    fig, axes = plt.subplots(1, 5, figsize=(20, 4.2))
     for ax, (key, name) in zip(axes, panels):
         vals = [results[n]["latency"][key] for n in names]
         bars = ax.bar(labels, vals, color=colors)
-        ax.bar_label(bars, fmt="%.0f" if max(vals) > 20 else "%.1f", fontsize=8)
+        ax.bar_label(bars, fmt="%.0f" if max(vals) > 20 else "%.2f", fontsize=8)
         ax.set_title(name, fontsize=10)
-        ax.tick_params(axis="x", labelsize=8)
-    ax = axes[3]
+        ax.tick_params(axis="x", labelsize=7)
     x = range(len(names))
+    ax = axes[2]
+    w = 0.4
+    for i, (key, lab, alpha) in enumerate((("p99_itl_ms", "p99", 1.0), ("max_itl_ms", "max", 0.45))):
+        bars = ax.bar([xi + (i - 0.5) * w for xi in x], [results[n]["latency"][key] for n in names], w,
+                      color=colors, alpha=alpha, label=lab, edgecolor="k", linewidth=0.5)
+        ax.bar_label(bars, fmt="%.0f", fontsize=7)
+    ax.set_yscale("log")
+    ax.set_xticks(list(x), labels, fontsize=7)
+    ax.set_title("ITL p99 (solid) and max (pale), ms, log", fontsize=10)
+    ax = axes[3]
     w = 0.27
     series = [("paged_waste", "paged", "#55a868"), ("contiguous_final_len_waste", "contig. prompt+max_tokens", "#dd8452"),
               ("contiguous_max_model_len_waste", "contig. max_model_len", "#c44e52")]
     for i, (key, lab, c) in enumerate(series):
         ax.bar([xi + (i - 1) * w for xi in x], [100 * results[n]["kv"][key] for n in names], w, label=lab, color=c)
-    ax.set_xticks(list(x), labels, fontsize=8)
+    ax.set_xticks(list(x), labels, fontsize=7)
     ax.set_ylim(0, 100)
     ax.set_title("KV slots holding no token, %", fontsize=10)
     ax.legend(fontsize=7, loc="center right")
+    ax = axes[4]
+    for n, c in zip(names, colors):
+        pts = results[n]["latency"]["steps_tokens_ms"]
+        ax.scatter([p[0] for p in pts], [p[1] for p in pts], s=10, color=c, alpha=0.7, label=LABELS[n])
+    ax.set_xlabel("tokens in the step")
+    ax.set_title("step time, ms, vs tokens in the step", fontsize=10)
+    ax.legend(fontsize=7)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -320,6 +354,10 @@ def main(argv=None) -> int:
     print()
     print(markdown_table(results))
     print()
+    fit = step_cost_fit(results)
+    print(f"step cost fit over {fit['steps']} steps: {fit['fixed_ms']:.0f} ms + {fit['per_token_ms']:.2f} ms/token "
+          f"(median step with <= 32 tokens: {fit.get('median_small_step_ms', float('nan')):.0f} ms)")
+    print()
     print("KV slots allocated but holding no token (sampled after every step):")
     print(kv_table(results).replace("{bs}", str(args.block_size)))
     doc = {
@@ -332,6 +370,7 @@ def main(argv=None) -> int:
                      "output_tokens": sum(r.output_len for r in workload),
                      "arrivals_s": [r.arrival_s for r in workload]},
         "results": results,
+        "step_cost_fit": fit,
     }
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)

@@ -55,6 +55,7 @@ class Trace:
     wall_s: float
     steps: int
     step_tokens: list[int]  # tokens scheduled in each step
+    step_seconds: list[float] = field(default_factory=list)  # how long each step took
 
 
 def replay(engine, workload: list[TimedRequest], *, static: bool = False, static_batch: int = 8,
@@ -66,6 +67,7 @@ def replay(engine, workload: list[TimedRequest], *, static: bool = False, static
     final_len = {r.request_id: r.final_len for r in todo}
     kv_samples: list[KVSample] = []
     step_tokens: list[int] = []
+    step_seconds: list[float] = []
     bs = engine.kv.block_size
     nxt = 0
     # Observe (not change) each step's plan: how many tokens it computes.
@@ -103,8 +105,10 @@ def replay(engine, workload: list[TimedRequest], *, static: bool = False, static
             continue
 
         last_scheduled[0] = 0
+        t_step = time.perf_counter()
         deltas = engine.step()
         t = time.perf_counter() - start
+        step_seconds.append(t + start - t_step)
         step_tokens.append(last_scheduled[0])
         for d in deltas:
             tr = traces[d.request_id]
@@ -123,4 +127,4 @@ def replay(engine, workload: list[TimedRequest], *, static: bool = False, static
                 final_len_slots=sum(final_len[rid] for rid in held),
             ))
     engine.scheduler.schedule = plain_schedule
-    return Trace(traces, kv_samples, time.perf_counter() - start, len(step_tokens), step_tokens)
+    return Trace(traces, kv_samples, time.perf_counter() - start, len(step_tokens), step_tokens, step_seconds)
