@@ -13,6 +13,7 @@ import torch
 
 from gpuworker.attention.base import AttentionMetadata, get_backend
 from gpuworker.attention.triton_backend import TritonAttentionBackend
+from kernels import reference
 
 BLOCK_SIZE = 16
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM = 6, 2, 64
@@ -73,18 +74,25 @@ def test_triton_backend_matches_torch_backend_over_two_steps(device, dtype):
         torch.testing.assert_close(out_triton.float(), out_torch.float(), **tol)
 
 
-def test_forced_split_k_backend_matches_default(device):
+def test_forced_split_k_backend_matches_the_torch_backend(device):
+    # One decode over 130 cached tokens: three 64-key tiles spread over 4 segments.
     gen = torch.Generator().manual_seed(4)
     split_backend = TritonAttentionBackend(num_kv_splits=4)
-    plain_backend = TritonAttentionBackend(num_kv_splits=1)
-    cache_a = split_backend.allocate_kv_cache(1, 8, BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM, torch.float32, device)[0]
-    cache_b = plain_backend.allocate_kv_cache(1, 8, BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM, torch.float32, device)[0]
-    meta = metadata([(0, 70)], [[5, 2, 7, 0, 3]], device)
-    q = torch.randn(70, NUM_HEADS, HEAD_DIM, generator=gen).to(device)
-    k = torch.randn(70, NUM_KV_HEADS, HEAD_DIM, generator=gen).to(device)
-    v = torch.randn(70, NUM_KV_HEADS, HEAD_DIM, generator=gen).to(device)
-    a = split_backend.forward(q, k, v, cache_a, meta, 0.125)
-    b = plain_backend.forward(q, k, v, cache_b, meta, 0.125)
+    torch_backend = get_backend("torch")
+    table = [5, 2, 7, 0, 3, 9, 1, 8, 6]
+    context = torch.randn(2, 130, NUM_KV_HEADS, HEAD_DIM, generator=gen).to(device)
+    slots = torch.tensor([table[p // BLOCK_SIZE] * BLOCK_SIZE + p % BLOCK_SIZE for p in range(130)], device=device)
+    caches = []
+    for backend in (split_backend, torch_backend):
+        cache = backend.allocate_kv_cache(1, 10, BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM, torch.float32, device)[0]
+        reference.reshape_and_cache(context[0], context[1], cache[0], cache[1], slots)
+        caches.append(cache)
+    meta = metadata([(130, 1)], [table], device)
+    q = torch.randn(1, NUM_HEADS, HEAD_DIM, generator=gen).to(device)
+    k = torch.randn(1, NUM_KV_HEADS, HEAD_DIM, generator=gen).to(device)
+    v = torch.randn(1, NUM_KV_HEADS, HEAD_DIM, generator=gen).to(device)
+    a = split_backend.forward(q, k, v, caches[0], meta, 0.125)
+    b = torch_backend.forward(q, k, v, caches[1], meta, 0.125)
     torch.testing.assert_close(a, b, atol=2e-5, rtol=2e-5)
 
 
