@@ -3,10 +3,11 @@
 Grid ``(q_blocks, num_kv_heads, num_kv_splits)``. A program owns one KV head
 and a tile of ``BLOCK_M`` query rows = ``BLOCK_Q`` consecutive query tokens of
 one sequence x the ``Hq/Hkv`` query heads that share that KV head (GQA packing:
-K/V are loaded once for the whole group). Each sequence gets
-``query_len // BLOCK_Q + 1`` q-block slots, so the grid ``T // BLOCK_Q + B`` is
-known without reading lengths on the host; a program finds its sequence by a
-binary search over ``query_start_loc`` and exits if its slot is past the end.
+K/V are loaded once for the whole group). Sequence i's q-block slots start at
+``query_start_loc[i] // BLOCK_Q + i``, which leaves it at least
+``ceil(query_len / BLOCK_Q)`` of them, so the grid ``T // BLOCK_Q + B`` is known
+without reading lengths on the host; a program finds its sequence by a binary
+search over ``query_start_loc`` and exits if its slot is past the end.
 
 A program walks the KV tiles (``BLOCK_N`` keys, resolved key by key through
 the block table, so any block size works) up to the last key its last query
