@@ -1,14 +1,23 @@
 """The engine thread: the only code that touches the engine (it is not
 thread-safe). Commands arrive on a queue; each step's deltas go to the
-publisher, which writes them while the next step runs."""
+publisher, which writes them while the next step runs.
+
+Engine faults (an exception inside step) abort every job in the engine. The
+worker cannot tell which job caused one, so the jobs come back as suspects and
+are put on probation one at a time (other new jobs wait): a fault while a
+suspect is on probation blames that suspect, which from then on is probed
+alone. Jobs that merely shared a step with a bad job therefore lose at most a
+couple of attempts, and the bad one reaches --max-deliveries on its own."""
 from __future__ import annotations
 
 import queue
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
+from gpuworker.engine.outputs import RequestDelta
 from gpuworker.service.state import InFlight, JobState
 
 
@@ -33,6 +42,7 @@ class Failed:
 
     states: list
     error: str
+    culprit: Optional[str] = None  # the job on probation when it happened
 
 
 @dataclass
@@ -58,6 +68,9 @@ class EngineLoop(threading.Thread):
         self.drain_until: Optional[float] = None  # set by the worker on shutdown
         self.error: Optional[BaseException] = None
         self._in_engine: set[str] = set()
+        self._probation: deque = deque()  # suspects waiting for their probe
+        self._probing: Optional[JobState] = None
+        self._held: deque = deque()  # new jobs waiting for the probes to end
         # Debug/test aid: verify the block pool after every abort and whenever idle.
         self.check_invariants = check_invariants
 
@@ -70,14 +83,16 @@ class EngineLoop(threading.Thread):
 
     def _loop(self) -> None:
         while True:
-            busy = self.engine.has_unfinished()
+            busy = self.engine.has_unfinished() or bool(self._probation) or bool(self._held)
             self._drain_commands(block=not busy)
             if self.drain_until is not None:
-                if not self.engine.has_unfinished() and self.commands.empty():
+                idle = not (self.engine.has_unfinished() or self._probation or self._held)
+                if idle and self.commands.empty():
                     return
                 if time.monotonic() >= self.drain_until:
                     self._drop_all()
                     return
+            self._advance_probation()
             if self.engine.has_unfinished():
                 self._step()
 
@@ -99,17 +114,12 @@ class EngineLoop(threading.Thread):
             st: JobState = cmd[1]
             if st.dropped:
                 return
-            if st.id in self._in_engine:  # the same job handed to us again: restart it
-                self.engine.abort(st.id)
-            job = st.job
-            try:
-                self.engine.add_request(st.id, st.prompt_ids, job.sampling, priority=job.priority,
-                                        deadline=job.deadline, arrival_time=job.created_at)
-            except ValueError as e:
-                self._in_engine.discard(st.id)
-                self.out.put(Rejected(st, "invalid_request", str(e)))
-                return
-            self._in_engine.add(st.id)
+            if st.suspect:
+                self._probation.append(st)
+            elif self._probation or self._probing is not None:
+                self._held.append(st)
+            else:
+                self._add(st)
         elif kind == "abort":
             _, job_id, reason = cmd
             if job_id in self._in_engine:
@@ -118,12 +128,55 @@ class EngineLoop(threading.Thread):
                     self._in_engine.discard(job_id)
                     self.out.put(StepOutput([d], self.engine.stats(), time.time(), 0.0))
                 self._verify("abort")
+            elif self._unqueue(job_id) is not None:  # still waiting: finish it without the engine
+                self.out.put(StepOutput([RequestDelta(job_id, [], "", finished=True, finish_reason=reason)],
+                                        self.engine.stats(), time.time(), 0.0))
         elif kind == "drop":
             job_id = cmd[1]
             if job_id in self._in_engine:
                 self.engine.abort(job_id)
                 self._in_engine.discard(job_id)
+            self._unqueue(job_id)
             self.out.put(Dropped([job_id]))
+
+    def _unqueue(self, job_id: str) -> Optional[JobState]:
+        for q in (self._probation, self._held):
+            for st in q:
+                if st.id == job_id:
+                    q.remove(st)
+                    return st
+        return None
+
+    def _add(self, st: JobState) -> bool:
+        if st.id in self._in_engine:  # the same job handed to us again: restart it
+            self.engine.abort(st.id)
+        job = st.job
+        try:
+            self.engine.add_request(st.id, st.prompt_ids, job.sampling, priority=job.priority,
+                                    deadline=job.deadline, arrival_time=job.created_at)
+        except ValueError as e:
+            self._in_engine.discard(st.id)
+            self.out.put(Rejected(st, "invalid_request", str(e)))
+            return False
+        self._in_engine.add(st.id)
+        return True
+
+    def _advance_probation(self) -> None:
+        """Start the next probe, or let held jobs in once probation is over."""
+        if self._probing is not None and self._probing.id not in self._in_engine:
+            self._probing = None  # cancelled, dropped or finished
+        while self._probing is None and self._probation:
+            st = self._probation[0]
+            if st.suspect == "culprit" and self.engine.has_unfinished():
+                return  # a job blamed before runs alone
+            self._probation.popleft()
+            if not st.dropped and self._add(st):
+                self._probing = st
+        if self._probing is None and not self._probation:
+            while self._held:
+                st = self._held.popleft()
+                if not st.dropped:
+                    self._add(st)
 
     def _step(self) -> None:
         t0 = time.perf_counter()
@@ -136,6 +189,10 @@ class EngineLoop(threading.Thread):
         for d in deltas:
             if d.finished:
                 self._in_engine.discard(d.request_id)
+        p = self._probing
+        if p is not None and (p.id not in self._in_engine
+                              or any(d.request_id == p.id and d.new_token_ids for d in deltas)):
+            self._probing = None  # it produced a token (or ended): probation passed
         self.out.put(StepOutput(deltas, self.engine.stats(), time.time(), dt))
         if not self.engine.has_unfinished():
             self._verify("idle")
@@ -165,14 +222,20 @@ class EngineLoop(threading.Thread):
                 raise
             self.log.error("engine_rebuild", reason=repr(inv))
             self.engine = self.rebuild()
+        culprit = self._probing.id if self._probing is not None and self._probing.id in ids else None
+        self._probing = None
         states = [st for st in (self.inflight.get(rid) for rid in ids) if st is not None]
-        self.out.put(Failed(states, f"{type(e).__name__}: {e}"))
+        self.out.put(Failed(states, f"{type(e).__name__}: {e}", culprit))
 
     def _drop_all(self) -> None:
         ids = list(self._in_engine)
         for rid in ids:
             self.engine.abort(rid)
         self._in_engine.clear()
+        ids += [st.id for st in list(self._probation) + list(self._held)]
+        self._probation.clear()
+        self._held.clear()
+        self._probing = None
         # Commands still queued (jobs admitted during the drain) are dropped too.
         while True:
             try:

@@ -61,17 +61,18 @@ class Intake(threading.Thread):
         self.to_engine, self.metrics, self.log = to_engine, metrics, log
         self.block_ms = block_ms
         self.stop = stop
-        self.local: "queue.Queue[tuple[str, dict]]" = queue.Queue()
+        self.local: "queue.Queue[tuple[str, dict, str]]" = queue.Queue()
         self.error: Optional[BaseException] = None
         # Set once this consumer's own pending entries were re-read; until then
         # the reaper must not claim (its claims would be read twice).
         self.caught_up = threading.Event()
 
     # -- public --------------------------------------------------------------
-    def requeue(self, entries: list) -> None:
-        """Entries this consumer owns that should be (re)started here."""
-        for e in entries:
-            self.local.put(e)
+    def requeue(self, entries: list, suspect: str = "") -> None:
+        """Entries this consumer owns that should be (re)started here; ``suspect``
+        marks jobs retried after an engine fault (see EngineLoop)."""
+        for entry_id, fields in entries:
+            self.local.put((entry_id, fields, suspect))
 
     def ensure_group(self) -> None:
         try:
@@ -132,17 +133,20 @@ class Intake(threading.Thread):
             self.admit(entries)
 
     def _drain_local(self) -> None:
-        batch = []
+        batch, flags = [], {}
         while True:
             try:
-                batch.append(self.local.get_nowait())
+                entry_id, fields, suspect = self.local.get_nowait()
             except queue.Empty:
                 break
+            batch.append((entry_id, fields))
+            if suspect:
+                flags[_s(entry_id)] = suspect
         if batch:
-            self.admit(batch)
+            self.admit(batch, flags)
 
     # -- admission -------------------------------------------------------------
-    def admit(self, entries: list) -> None:
+    def admit(self, entries: list, suspects: Optional[dict] = None) -> None:
         """Validate, count the attempt, and start each job (or finish/reject it)."""
         b = Batch()
         parsed: list[tuple[str, object, Job]] = []
@@ -185,7 +189,8 @@ class Intake(threading.Thread):
         for (entry_id, raw, job), (i_att, i_cancel) in zip(parsed, idx):
             attempt = int(res[i_att]) if isinstance(res[i_att], int) else 1
             st = JobState(job=job, entry_id=entry_id, raw=raw, attempt=attempt,
-                          log=self.log.bind(job_id=job.id, attempt=attempt), received_at=now)
+                          log=self.log.bind(job_id=job.id, attempt=attempt), received_at=now,
+                          suspect=(suspects or {}).get(entry_id, ""))
             if attempt > 1:
                 self.metrics.redeliveries.inc()
             if attempt > self.ctx.max_deliveries:

@@ -69,7 +69,7 @@ class Publisher(threading.Thread):
     def flush(self, items: list) -> None:
         b = Batch()
         finished: list[JobState] = []
-        retry: list[JobState] = []
+        retry: list[tuple[JobState, str]] = []
         dropped: list[tuple[str, bool]] = []
         pending: dict[str, list] = {}  # coalesced deltas: job id -> [state, text, ids, logprobs]
         n_events = 0
@@ -134,15 +134,17 @@ class Publisher(threading.Thread):
                     if st.dropped or st.finishing:
                         continue
                     pending.pop(st.id, None)
-                    if st.attempt >= self.ctx.max_deliveries:
-                        st.finishing = True
+                    st.finishing = True  # this attempt is over
+                    # Blamed: the job on probation, or everyone when nobody was.
+                    blamed = item.culprit is None or st.id == item.culprit
+                    if blamed and st.attempt >= self.ctx.max_deliveries:
                         self._fail(b, st, "engine_error",
-                                   f"generation failed on every one of {st.attempt} attempts; last error: {item.error}")
+                                   f"generation failed on {st.attempt} attempts; last error: {item.error}")
                         n_events += 1
                         finished.append(st)
                     else:
-                        st.finishing = True  # this attempt is over; intake starts the next
-                        retry.append(st)
+                        flag = "culprit" if st.id == item.culprit else ("suspect" if item.culprit is None else "")
+                        retry.append((st, flag))
             elif isinstance(item, Dropped):
                 dropped.extend((job_id, item.handback) for job_id in item.ids)
         for job_id in list(pending):
@@ -175,10 +177,10 @@ class Publisher(threading.Thread):
                 st.dropped = True
                 if handback:
                     self.handed_back.append(st.entry_id)
-        if retry:
-            for st in retry:
-                self.inflight.remove(st.id)
-            self.requeue([(st.entry_id, {b"job": st.raw if isinstance(st.raw, bytes) else st.raw.encode("utf-8")}) for st in retry])
+        for st, flag in retry:
+            self.inflight.remove(st.id)
+            raw = st.raw if isinstance(st.raw, bytes) else st.raw.encode("utf-8")
+            self.requeue([(st.entry_id, {b"job": raw})], flag)
         self.metrics.inflight.set(len(self.inflight))
 
     def _fail(self, b: Batch, st: JobState, code: str, message: str) -> None:

@@ -24,6 +24,9 @@ class JobState:
     cancel_requested: bool = False
     finishing: bool = False  # its final pipeline is being written
     dropped: bool = False  # another worker owns it now (lease lost) or drain ended
+    # After an engine fault: "suspect" (was in the failing step), "culprit" (the
+    # step failed while it was the job on probation); "" otherwise.
+    suspect: str = ""
 
     @property
     def id(self) -> str:

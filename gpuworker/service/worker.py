@@ -140,7 +140,7 @@ class Worker:
         # Entries read but never started (still in the intake's local queue) go back too.
         while True:
             try:
-                eid, _ = self.intake.local.get_nowait()
+                eid, _, _ = self.intake.local.get_nowait()
             except queue.Empty:
                 break
             left.append(eid.decode() if isinstance(eid, bytes) else str(eid))

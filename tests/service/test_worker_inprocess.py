@@ -46,17 +46,26 @@ def make_worker(tiny_model, module_redis):
 
 def test_engine_fault_retries_then_dead_letters_and_worker_survives(make_worker, module_redis, offline_llm):
     model = "tiny-fault"
-    w = make_worker(model, max_deliveries=2)
+    w = make_worker(model, max_deliveries=3)
     p = Producer(module_redis.url, default_model=model)
     r = redis.Redis.from_url(module_redis.url)
+    # Submitted together, so the first failing step holds all of them.
+    texts = [f"bystander {i}" for i in range(3)]
+    params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+    bystanders = [p.submit(t, sampling=params) for t in texts]
     poison = p.submit(prompt_token_ids=[MARKER, 5, 6], sampling={"max_tokens": 5, "temperature": 0})
     with pytest.raises(JobFailed) as e:
-        poison.result(timeout=60)
+        poison.result(timeout=120)
     assert e.value.code == "engine_error" and "injected fault" in e.value.message
     types = [ev.type for _, ev in poison.stream(timeout=5, raw=True)]
-    assert types.count("restarted") == 1 and types[-1] == "error"  # attempt 1, retried once, then given up
+    assert types.count("restarted") == 2 and types[-1] == "error"  # 3 attempts, then given up
     dlq = r.xrange(keys.dlq(model))
-    assert len(dlq) == 1 and dlq[0][1][b"code"] == b"engine_error" and dlq[0][1][b"attempts"] == b"2"
+    assert len(dlq) == 1 and dlq[0][1][b"code"] == b"engine_error" and dlq[0][1][b"attempts"] == b"3"
+    # Jobs that shared the failing step are retried on probation and finish correctly.
+    expected = offline_llm.generate(texts, params)
+    for h, exp in zip(bystanders, expected):
+        res = h.result(timeout=120)
+        assert res.text == exp.text and res.attempt <= 3
     # The worker is still serving, and its block pool is consistent.
     ok = p.submit("after the fault", sampling={"max_tokens": 6, "temperature": 0})
     expected = offline_llm.generate(["after the fault"], SamplingParams(max_tokens=6, temperature=0))[0]
