@@ -196,8 +196,13 @@ class LlamaForCausalLM(nn.Module):
             dest = target if rows is None else target[rows[0] : rows[1]]
             if tuple(dest.shape) != tuple(tensor.shape):
                 raise ValueError(f"{name}: checkpoint shape {tuple(tensor.shape)} != expected {tuple(dest.shape)}")
-            with torch.no_grad():
-                dest.copy_(tensor)
+            if key in filled:
+                raise ValueError(f"checkpoint has {name!r} twice")
+            if rows is None:  # take the loaded tensor itself: one copy fewer for large weights
+                target.data = tensor.to(dtype=target.dtype, device=target.device).contiguous()
+            else:
+                with torch.no_grad():
+                    dest.copy_(tensor)
             filled.add(key)
 
         for name, tensor in weights:
