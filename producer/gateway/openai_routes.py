@@ -50,7 +50,7 @@ async def completions(req: CompletionRequest, request: Request, principal: Princ
         return StreamingResponse(_stream(ctx, "completions", job_id, model, req.include_usage, req.logprobs, prefix),
                                  media_type="text/event-stream", headers={**sse.SSE_HEADERS, **_job_headers(job_id)})
     asm = await wait_for_result(ctx, request, job_id)
-    raise_for_error(asm)
+    raise_for_error(asm, job_id)
     return _json(fmt.completion_response(job_id, model, asm, prefix, req.logprobs), job_id)
 
 
@@ -77,7 +77,7 @@ async def chat_completions(req: ChatCompletionRequest, request: Request, princip
         return StreamingResponse(_stream(ctx, "chat", job_id, model, req.include_usage, logprobs_n, ""),
                                  media_type="text/event-stream", headers={**sse.SSE_HEADERS, **_job_headers(job_id)})
     asm = await wait_for_result(ctx, request, job_id)
-    raise_for_error(asm)
+    raise_for_error(asm, job_id)
     return _json(fmt.chat_response(job_id, model, asm, logprobs_n), job_id)
 
 
@@ -136,7 +136,7 @@ async def _stream(ctx: Context, kind: str, job_id: str, model: str, include_usag
             yield sse.data(timed_out.body())
         elif asm.error_code is not None:
             try:
-                raise_for_error(asm)
+                raise_for_error(asm, job_id)
             except APIError as e:
                 yield sse.data(e.body())
         else:

@@ -76,15 +76,17 @@ _CLIENT_ERROR_HINTS = ("invalid", "too_long", "too_large", "bad_", "validation",
                        "no_chat_template")
 
 
-def raise_for_error(asm: Assembly) -> None:
+def raise_for_error(asm: Assembly, job_id: str) -> None:
     if asm.error_code is None:
         return
     code = asm.error_code
+    headers = {"X-Inferq-Job-Id": job_id}
     if code in ("unknown_model", "model_not_found"):
-        raise APIError(404, asm.error_message or code, code=code)
+        raise APIError(404, asm.error_message or code, code=code, headers=headers)
     if any(h in code for h in _CLIENT_ERROR_HINTS):
-        raise APIError(400, asm.error_message or code, code=code)
-    raise APIError(500, f"generation failed [{code}]: {asm.error_message}", code=code, type="server_error")
+        raise APIError(400, asm.error_message or code, code=code, headers=headers)
+    raise APIError(500, f"generation failed [{code}]: {asm.error_message}", code=code, type="server_error",
+                   headers=headers)
 
 
 async def cancel_shielded(ctx: Context, job_id: str) -> None:
@@ -98,15 +100,16 @@ async def cancel_shielded(ctx: Context, job_id: str) -> None:
 
 
 class GatewayTimeout(APIError):
-    def __init__(self, seconds: float):
-        super().__init__(504, f"the job did not finish within {seconds:.0f}s; it was cancelled", code="timeout",
-                         type="server_error")
+    def __init__(self, seconds: float, job_id: str):
+        super().__init__(504, f"job {job_id} did not finish within {seconds:.0f}s; it was cancelled", code="timeout",
+                         type="server_error", headers={"X-Inferq-Job-Id": job_id})
 
 
 def _give_up_after(ctx: Context) -> float:
     # The job's own deadline makes the worker end it; this is the backstop for a
     # job no worker ever picks up.
-    return time.monotonic() + ctx.settings.request_timeout_s + 30.0
+    timeout = ctx.settings.request_timeout_s
+    return time.monotonic() + timeout + min(30.0, timeout)
 
 
 async def wait_for_result(ctx: Context, request: Request, job_id: str) -> Assembly:
@@ -123,7 +126,7 @@ async def wait_for_result(ctx: Context, request: Request, job_id: str) -> Assemb
                 if await request.is_disconnected():
                     break
                 if now > give_up:
-                    raise GatewayTimeout(ctx.settings.request_timeout_s)
+                    raise GatewayTimeout(ctx.settings.request_timeout_s, job_id)
             if event is None:
                 continue
             asm.feed(event)
@@ -142,7 +145,7 @@ async def stream_pieces(ctx: Context, job_id: str, asm: Assembly) -> AsyncIterat
     give_up = _give_up_after(ctx)
     async for _, event in ctx.backend.events(job_id):
         if time.monotonic() > give_up:
-            raise GatewayTimeout(ctx.settings.request_timeout_s)
+            raise GatewayTimeout(ctx.settings.request_timeout_s, job_id)
         if event is None:
             yield None
             continue

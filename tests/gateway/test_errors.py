@@ -128,3 +128,24 @@ def test_tenant_rate_limit_is_429_with_retry_after(stack):
         resp = httpx.post(f"{url}/v1/jobs", json=body, headers=h, timeout=30)
         assert_openai_error(resp, 429, "rate_limited")
         assert int(resp.headers["retry-after"]) >= 50  # one token per 100 s
+
+
+def test_job_nobody_finishes_is_504_and_cancelled(stack):
+    """The backstop when the worker stops answering after admission: the
+    gateway gives up (504), cancels the job, and the worker never runs it."""
+    import os
+    import signal
+
+    with running_gateway(stack.url, request_timeout_s=1.0) as url:
+        os.kill(stack.worker.pid, signal.SIGSTOP)  # alive (fresh heartbeat) but not working
+        try:
+            t0 = time.monotonic()
+            resp = chat(url, max_tokens=8)
+            elapsed = time.monotonic() - t0
+        finally:
+            os.kill(stack.worker.pid, signal.SIGCONT)
+        err = assert_openai_error(resp, 504, "timeout")
+        assert "cancelled" in err["message"] and 1.5 < elapsed < 10
+        job = resp.headers.get("x-inferq-job-id")
+    r = redis.Redis.from_url(stack.url)
+    assert r.exists(keys.cancel(job)) or r.hget(keys.job_info(job), "status") in (b"cancelled", b"done")
