@@ -41,3 +41,18 @@ def test_disconnect_during_stream_cancels_the_job(gateway_url, stack):
     assert info[b"status"] == b"cancelled"
     metrics = httpx.get(f"{gateway_url}/metrics", timeout=10).text
     assert "inferq_gateway_cancelled_total 1.0" in metrics or "inferq_gateway_cancelled_total 2.0" in metrics
+
+
+def test_disconnect_while_waiting_for_a_non_streamed_result_cancels(gateway_url, stack):
+    r = redis.Redis.from_url(stack.url)
+    before = {k for k in r.scan_iter(match="inferq:job:*")}
+    body = {"model": TINY, "prompt": "go on", "max_tokens": 3000, "ignore_eos": True}
+    try:
+        httpx.post(f"{gateway_url}/v1/completions", json=body, timeout=httpx.Timeout(30, read=2.0))
+        raise AssertionError("a 3000-token job should not finish in 2 s")
+    except httpx.ReadTimeout:
+        pass  # the client gives up and closes the connection
+    (new_key,) = {k for k in r.scan_iter(match="inferq:job:*")} - before
+    job_id = new_key.decode().split("{")[1].rstrip("}")
+    ev = finished_event(stack.url, job_id)
+    assert ev.finish_reason == "abort" and ev.usage.completion_tokens < 3000
