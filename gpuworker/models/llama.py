@@ -69,10 +69,9 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos", freqs.cos().to(dtype=dtype, device=device), persistent=False)
         self.register_buffer("sin", freqs.sin().to(dtype=dtype, device=device), persistent=False)
 
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        cos = self.cos[positions].unsqueeze(1)  # [T, 1, D/2]
-        sin = self.sin[positions].unsqueeze(1)
-        return _rotate(q, cos, sin), _rotate(k, cos, sin)
+    def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin of shape [T, 1, D/2], looked up once per step for all layers."""
+        return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -106,10 +105,9 @@ class DecoderLayer(nn.Module):
 
     def forward(
         self,
-        positions: torch.Tensor,
+        rotary: tuple[torch.Tensor, torch.Tensor],
         hidden: torch.Tensor,
         residual: torch.Tensor | None,
-        rotary: RotaryEmbedding,
         kv_cache: KVCache,
         meta: AttentionMetadata,
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -127,7 +125,8 @@ class DecoderLayer(nn.Module):
         if self.q_norm is not None:
             q = rms_norm(q, self.q_norm, eps)
             k = rms_norm(k, self.k_norm, eps)
-        q, k = rotary(positions, q, k)
+        cos, sin = rotary
+        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
         attn = self.backend.forward(q, k, v, kv_cache, meta, self.scale)
         x = F.linear(attn.view(t, self.q_size), self.o_proj, self.o_bias)
 
@@ -170,8 +169,9 @@ class LlamaForCausalLM(nn.Module):
             raise ValueError(f"expected {len(self.layers)} kv caches, got {len(kv_caches)}")
         hidden = F.embedding(input_ids, self.embed_tokens)
         residual = None
+        rotary = self.rotary(positions)
         for layer, cache in zip(self.layers, kv_caches):
-            hidden, residual = layer(positions, hidden, residual, self.rotary, cache, meta)
+            hidden, residual = layer(rotary, hidden, residual, cache, meta)
         return rms_norm(hidden + residual, self.norm, self.config.rms_norm_eps)
 
     @torch.inference_mode()
