@@ -1,10 +1,11 @@
 """Gateway configuration from the environment (INFERQ_GATEWAY_*).
 
-The Redis URL itself comes from INFERQ_REDIS_URL like every other part of inferq.
+Redis connection, backlog bound and worker staleness are the producer settings
+(INFERQ_REDIS_URL, INFERQ_MAX_BACKLOG, INFERQ_WORKER_STALE_SECONDS, ...), shared
+with every other producer.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -12,17 +13,10 @@ from typing import Optional
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-DEFAULT_REDIS_URL = "redis://localhost:6379/0"
-
-
-def redis_url_from_env() -> str:
-    return os.environ.get("INFERQ_REDIS_URL") or DEFAULT_REDIS_URL
-
 
 class GatewaySettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="INFERQ_GATEWAY_", extra="ignore")
 
-    redis_url: str = Field(default_factory=redis_url_from_env)
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
     # Comma-separated "key" or "key:tenant" entries; empty = no authentication.
@@ -35,8 +29,6 @@ class GatewaySettings(BaseSettings):
     max_tokens_cap: int = Field(4096, ge=1)
     # Used when a chat request leaves max_tokens unset.
     default_max_tokens: int = Field(512, ge=1)
-    # A worker whose last heartbeat is older than this is considered dead.
-    worker_stale_s: float = Field(30.0, gt=0)
     # Jobs from OpenAI routes get this deadline, so an abandoned request cannot
     # occupy a worker forever.
     request_timeout_s: float = Field(600.0, gt=0)
