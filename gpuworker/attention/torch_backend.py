@@ -15,6 +15,10 @@ same ``AttentionMetadata``; planning reads only the host lists, so nothing syncs
   explicit baddbmm + softmax + bmm is about 2x faster than SDPA's flash kernel
   for the chunk sizes we run, so that path is used while the score matrix is
   small (< 32M elements), and SDPA (memory-efficient) beyond.
+
+The plan is cached by the identity of the metadata object, so a runner must
+build a new ``AttentionMetadata`` per step rather than mutate the last one.
+Gathers go into a reused grow-only workspace (the largest decode batch seen).
 """
 from __future__ import annotations
 
