@@ -10,6 +10,8 @@ from typing import Optional
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 _TYPE_BY_STATUS = {
@@ -81,6 +83,13 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException):
         return error_response(APIError(exc.status_code, str(exc.detail), headers=getattr(exc, "headers", None)))
+
+    @app.exception_handler(RedisConnectionError)
+    @app.exception_handler(RedisTimeoutError)
+    async def _redis_down(request: Request, exc: Exception):
+        # A Redis outage is temporary: tell clients to retry, not that we are broken.
+        return error_response(APIError(503, "the queue (Redis) is unreachable; retry shortly",
+                                       code="redis_unavailable", headers={"Retry-After": "2"}))
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception):
