@@ -13,6 +13,10 @@ import pytest
 # Two shared cores: keep torch from oversubscribing them.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Without a GPU the Triton kernels run interpreted; the switch is read when
+# triton is first imported, so it is set before anything can import it.
+if not os.path.exists("/dev/nvidia0"):
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 def free_port() -> int:
