@@ -309,7 +309,6 @@ def main(argv=None) -> int:
     from gpuworker.engine.llm_engine import LLMEngine
     from gpuworker.config import EngineConfig
 
-    probe_vocab = None
     # The cache must hold every request at its final length at once (no preemption
     # skews any mode), and without chunking the longest prompt must fit in one step.
     longest_prompt = args.long_input[1] if args.long_fraction > 0 else args.short_input[1]
@@ -320,10 +319,10 @@ def main(argv=None) -> int:
         model=args.model, dtype=args.dtype, device=args.device, block_size=args.block_size,
         num_kv_blocks=num_blocks, max_num_seqs=max(args.max_num_seqs, args.static_batch_size),
         max_num_batched_tokens=budget, enable_chunked_prefill=False, enable_prefix_caching=False))
-    probe_vocab = engine.model_config.vocab_size
+    vocab = engine.model_config.vocab_size
     workload = mixed_workload(args.num_requests, short_input=args.short_input, long_input=args.long_input,
                               long_fraction=args.long_fraction, output=args.output, request_rate=args.request_rate,
-                              vocab_size=probe_vocab, seed=args.seed)
+                              vocab_size=vocab, seed=args.seed)
     too_long = [r.request_id for r in workload if r.final_len > engine.max_model_len]
     if too_long:
         print(f"error: {len(too_long)} requests exceed max_model_len {engine.max_model_len}; shorten --long-input/--output",
@@ -341,7 +340,7 @@ def main(argv=None) -> int:
     # Warm-up: the first forwards pay one-off costs that must not land on the first mode.
     configure(engine, specs["continuous"])
     warm = mixed_workload(2, short_input=(8, 16), long_input=(8, 16), long_fraction=0, output=(2, 4),
-                          request_rate=math.inf, vocab_size=probe_vocab, seed=args.seed + 1)
+                          request_rate=math.inf, vocab_size=vocab, seed=args.seed + 1)
     replay(engine, warm)
 
     modes = args.modes.split(",")

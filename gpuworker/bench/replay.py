@@ -86,45 +86,47 @@ def replay(engine, workload: list[TimedRequest], *, static: bool = False, static
         params = SamplingParams(max_tokens=r.output_len, temperature=0.0, ignore_eos=True)
         engine.add_request(r.request_id, r.prompt_token_ids, params)
 
-    while nxt < len(todo) or engine.has_unfinished():
-        now = time.perf_counter() - start
-        if static:
+    try:
+        while nxt < len(todo) or engine.has_unfinished():
+            now = time.perf_counter() - start
+            if static:
+                if not engine.has_unfinished():
+                    batch_end = nxt
+                    while batch_end < len(todo) and batch_end - nxt < static_batch and todo[batch_end].arrival_s <= now:
+                        batch_end += 1
+                    for r in todo[nxt:batch_end]:
+                        add(r)
+                    nxt = batch_end
+            else:
+                while nxt < len(todo) and todo[nxt].arrival_s <= now:
+                    add(todo[nxt])
+                    nxt += 1
             if not engine.has_unfinished():
-                batch_end = nxt
-                while batch_end < len(todo) and batch_end - nxt < static_batch and todo[batch_end].arrival_s <= now:
-                    batch_end += 1
-                for r in todo[nxt:batch_end]:
-                    add(r)
-                nxt = batch_end
-        else:
-            while nxt < len(todo) and todo[nxt].arrival_s <= now:
-                add(todo[nxt])
-                nxt += 1
-        if not engine.has_unfinished():
-            time.sleep(max(0.0, todo[nxt].arrival_s - (time.perf_counter() - start)))
-            continue
+                time.sleep(max(0.0, todo[nxt].arrival_s - (time.perf_counter() - start)))
+                continue
 
-        last_scheduled[0] = 0
-        t_step = time.perf_counter()
-        deltas = engine.step()
-        t = time.perf_counter() - start
-        step_seconds.append(t + start - t_step)
-        step_tokens.append(last_scheduled[0])
-        for d in deltas:
-            tr = traces[d.request_id]
-            if d.new_token_ids:
-                tr.token_times.append(t)
-                tr.num_tokens += len(d.new_token_ids)
-            if d.finished and on_request_done is not None:
-                on_request_done()
-        held = engine.kv.req_blocks
-        if held:
-            kv_samples.append(KVSample(
-                num_requests=len(held),
-                tokens=sum(min(engine.requests[rid].num_computed_tokens, engine.requests[rid].num_tokens)
-                           for rid in held if rid in engine.requests),
-                paged_slots=sum(len(b) for b in held.values()) * bs,
-                final_len_slots=sum(final_len[rid] for rid in held),
-            ))
-    engine.scheduler.schedule = plain_schedule
+            last_scheduled[0] = 0
+            t_step = time.perf_counter()
+            deltas = engine.step()
+            t = time.perf_counter() - start
+            step_seconds.append(t + start - t_step)
+            step_tokens.append(last_scheduled[0])
+            for d in deltas:
+                tr = traces[d.request_id]
+                if d.new_token_ids:
+                    tr.token_times.append(t)
+                    tr.num_tokens += len(d.new_token_ids)
+                if d.finished and on_request_done is not None:
+                    on_request_done()
+            held = engine.kv.req_blocks
+            if held:
+                kv_samples.append(KVSample(
+                    num_requests=len(held),
+                    tokens=sum(min(engine.requests[rid].num_computed_tokens, engine.requests[rid].num_tokens)
+                               for rid in held if rid in engine.requests),
+                    paged_slots=sum(len(b) for b in held.values()) * bs,
+                    final_len_slots=sum(final_len[rid] for rid in held),
+                ))
+    finally:
+        del engine.scheduler.schedule  # back to the class's own method
     return Trace(traces, kv_samples, time.perf_counter() - start, len(step_tokens), step_tokens, step_seconds)

@@ -96,3 +96,26 @@ def test_modes_bad_options(argv, msg, capsys):
     with pytest.raises(SystemExit):
         parse_args(argv)
     assert msg in capsys.readouterr().err
+
+
+def test_step_cost_fit_recovers_a_line():
+    from gpuworker.bench.modes import step_cost_fit
+
+    res = {"a": {"latency": {"steps_tokens_ms": [[1, 110.0], [10, 200.0]]}},
+           "b": {"latency": {"steps_tokens_ms": [[100, 1100.0], [40, 500.0]]}}}
+    fit = step_cost_fit(res)
+    assert fit["fixed_ms"] == pytest.approx(100.0) and fit["per_token_ms"] == pytest.approx(10.0)
+    assert fit["steps"] == 4 and fit["median_small_step_ms"] == pytest.approx(155.0)
+
+
+def test_kv_waste_arithmetic():
+    from gpuworker.bench.modes import summarize_kv
+    from gpuworker.bench.replay import KVSample, Trace
+
+    # step 1: one request, 20 tokens in 2 blocks of 16; step 2: two requests, 50 tokens in 4 blocks
+    samples = [KVSample(1, 20, 32, 40), KVSample(2, 50, 64, 100)]
+    kv = summarize_kv(Trace({}, samples, 1.0, 2, [20, 2]), max_model_len=100)
+    assert kv["paged_waste"] == pytest.approx(1 - 70 / 96)
+    assert kv["contiguous_final_len_waste"] == pytest.approx(1 - 70 / 140)
+    assert kv["contiguous_max_model_len_waste"] == pytest.approx(1 - 70 / 300)
+    assert kv["max_requests_holding_blocks"] == 2
