@@ -6,6 +6,7 @@ import time
 from typing import AsyncIterator, Optional
 
 import anyio
+import redis.exceptions as redis
 
 from schemas import Job, decode_event, keys
 from producer.admission import ADMISSION_LUA, Admitted, interpret, script_args, script_keys
@@ -25,6 +26,7 @@ class Backend:
         self.redis = async_client(settings)
         self._admit = self.redis.register_script(ADMISSION_LUA)
         self._models_cache: tuple[float, list[str]] = (0.0, [])
+        self.outage_tolerance_s = 30.0
 
     async def close(self) -> None:
         await self.redis.aclose()
@@ -62,8 +64,21 @@ class Backend:
         idle ``block_ms`` so callers can send keepalives and notice disconnects.
         Ends after the terminal event."""
         stream = keys.reply(job_id)
+        outage_since: Optional[float] = None
         while True:
-            got = await self.redis.xread({stream: last_id}, count=count, block=block_ms)
+            try:
+                got = await self.redis.xread({stream: last_id}, count=count, block=block_ms)
+                outage_since = None
+            except (redis.ConnectionError, redis.TimeoutError):
+                # A Redis restart (AOF keeps the reply stream): retry from the last
+                # id seen for a while, so open streams survive the blip.
+                now = time.monotonic()
+                outage_since = outage_since or now
+                if now - outage_since > self.outage_tolerance_s:
+                    raise
+                await anyio.sleep(0.5)
+                yield None, None
+                continue
             if not got:
                 yield None, None
                 continue

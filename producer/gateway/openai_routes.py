@@ -6,6 +6,8 @@ from typing import Optional
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import StreamingResponse
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from producer.gateway import openai_format as fmt
 from producer.gateway import sse
@@ -104,7 +106,7 @@ async def _stream(ctx: Context, kind: str, job_id: str, model: str, include_usag
         elif prefix:
             yield sse.data(fmt.completion_chunk(job_id, model, created, prefix, include_usage=include_usage))
         offset = len(prefix)
-        timed_out: Optional[GatewayTimeout] = None
+        failure: Optional[APIError] = None  # ends the stream with an error chunk
         pieces = stream_pieces(ctx, job_id, asm)
         while True:
             try:
@@ -112,7 +114,11 @@ async def _stream(ctx: Context, kind: str, job_id: str, model: str, include_usag
             except StopAsyncIteration:
                 break
             except GatewayTimeout as e:
-                timed_out = e
+                failure = e
+                break
+            except (RedisConnectionError, RedisTimeoutError):
+                failure = APIError(503, "the queue (Redis) became unreachable during the stream",
+                                     code="redis_unavailable")
                 break
             if piece is None:
                 if time.monotonic() - last_sent >= ctx.settings.keepalive_s:
@@ -132,8 +138,8 @@ async def _stream(ctx: Context, kind: str, job_id: str, model: str, include_usag
                                              include_usage=include_usage)
             last_sent = time.monotonic()
             yield sse.data(chunk)
-        if timed_out is not None:
-            yield sse.data(timed_out.body())
+        if failure is not None:
+            yield sse.data(failure.body())
         elif asm.error_code is not None:
             try:
                 raise_for_error(asm, job_id)
