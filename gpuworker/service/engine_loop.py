@@ -30,6 +30,14 @@ class StepOutput:
 
 
 @dataclass
+class Started:
+    """Jobs handed to the engine: their restarted/started events ride on the
+    publisher's next pipeline, queued ahead of any of their deltas."""
+
+    states: list
+
+
+@dataclass
 class Rejected:
     st: JobState
     code: str

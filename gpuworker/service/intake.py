@@ -23,6 +23,7 @@ from schemas.job import Job
 from gpuworker.service import replies
 from gpuworker.service.batch import Batch, retrying
 from gpuworker.service.context import WorkerContext
+from gpuworker.service.engine_loop import Started
 from gpuworker.service.prompts import PromptBuilder, PromptError
 from gpuworker.service.state import InFlight, JobState
 
@@ -55,10 +56,11 @@ def describe(e: Exception) -> str:
 
 class Intake(threading.Thread):
     def __init__(self, ctx: WorkerContext, r: redis.Redis, inflight: InFlight, prompts: PromptBuilder,
-                 to_engine: "queue.Queue", metrics, log, block_ms: int, stop: threading.Event):
+                 to_engine: "queue.Queue", to_publisher: "queue.Queue", metrics, log, block_ms: int,
+                 stop: threading.Event):
         super().__init__(name="inferq-intake", daemon=True)
         self.ctx, self.r, self.inflight, self.prompts = ctx, r, inflight, prompts
-        self.to_engine, self.metrics, self.log = to_engine, metrics, log
+        self.to_engine, self.to_publisher, self.metrics, self.log = to_engine, to_publisher, metrics, log
         self.block_ms = block_ms
         self.stop = stop
         self.local: "queue.Queue[tuple[str, dict, str]]" = queue.Queue()
@@ -217,15 +219,16 @@ class Intake(threading.Thread):
             except PromptError as e:
                 self._reject(b, entry_id, raw, job.id, attempt, e.code, str(e))
                 continue
-            replies.start(b, self.ctx, st)
             ready.append(st)
             self.metrics.queue_time.observe(max(0.0, now - job.created_at))
             if self.ctx.log_prompts:
                 st.log.info("job_started", prompt_tokens=len(st.prompt_ids), prompt=job.prompt or job.messages)
             else:
                 st.log.info("job_started", prompt_tokens=len(st.prompt_ids), reclaimed=attempt > 1)
-        # started/restarted events are written before the engine can emit a delta.
         b.send(self.r, give_up=self._give_up, log=self.log)
+        if ready:
+            # Queued to the publisher before the engine can produce a delta for them.
+            self.to_publisher.put(Started(ready))
         for st in ready:
             self.inflight.add(st)
             self.to_engine.put(("add", st))

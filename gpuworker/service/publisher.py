@@ -20,7 +20,7 @@ from schemas import Usage, keys
 from gpuworker.service import replies
 from gpuworker.service.batch import Batch
 from gpuworker.service.context import WorkerContext
-from gpuworker.service.engine_loop import Dropped, Failed, Rejected, StepOutput
+from gpuworker.service.engine_loop import Dropped, Failed, Rejected, Started, StepOutput
 from gpuworker.service.state import InFlight, JobState
 
 STOP = object()
@@ -83,7 +83,12 @@ class Publisher(threading.Thread):
                 n_events += 1
 
         for item in items:
-            if isinstance(item, StepOutput):
+            if isinstance(item, Started):
+                for st in item.states:
+                    if not (st.dropped or st.finishing):
+                        replies.start(b, self.ctx, st)
+                        n_events += 2 if st.attempt > 1 else 1
+            elif isinstance(item, StepOutput):
                 self.metrics.update_engine(item.stats)
                 if item.step_s:
                     self.metrics.step_time.observe(item.step_s)

@@ -82,8 +82,8 @@ class Worker:
         self.to_engine: queue.Queue = queue.Queue()
         self.to_publisher: queue.Queue = queue.Queue()
         prompts = PromptBuilder(copy.deepcopy(eng.tokenizer), eng.max_model_len, eng.model_config.vocab_size)
-        self.intake = Intake(self.ctx, self.r, self.inflight, prompts, self.to_engine, self.metrics, self.log,
-                             self.s.block_ms, self.stop_reading)
+        self.intake = Intake(self.ctx, self.r, self.inflight, prompts, self.to_engine, self.to_publisher,
+                             self.metrics, self.log, self.s.block_ms, self.stop_reading)
         self.engine_loop = EngineLoop(eng, self.to_engine, self.to_publisher, self.inflight, self.metrics, self.log,
                                       rebuild=lambda: build_engine(self.s), check_invariants=self.s.check_invariants)
         self.publisher = Publisher(self.ctx, self.r, self.inflight, self.to_publisher, self.to_engine,
