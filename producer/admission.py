@@ -29,7 +29,9 @@ def script_keys(job: Job, idempotency_key: Optional[str]) -> list[str]:
         keys.jobs(job.model),
         keys.reply(job.id),
         keys.job_info(job.id),
-        keys.idempotency(job.model, idempotency_key or "-"),
+        # Scoped by tenant: one tenant's key must never return another tenant's job.
+        keys.idempotency(job.model, f"tenant={job.tenant}/{idempotency_key}" if idempotency_key and job.tenant
+                         else idempotency_key or "-"),
         keys.rate(job.tenant or "-"),
     ]
 
