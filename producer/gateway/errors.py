@@ -82,6 +82,9 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException):
+        if exc.status_code == 400 and exc.detail == "There was an error parsing the body":
+            # FastAPI's words for a body it cannot decode at all (e.g. invalid UTF-8).
+            return error_response(bad_request("the request body could not be decoded: send JSON encoded as UTF-8"))
         return error_response(APIError(exc.status_code, str(exc.detail), headers=getattr(exc, "headers", None)))
 
     @app.exception_handler(RedisConnectionError)
