@@ -28,7 +28,7 @@ USER = "inferq"
 USER_PW = "inferq-pw-31c"
 # The inferq user: every command except the dangerous ones (FLUSHALL, CONFIG,
 # KEYS, DEBUG, ...), on inferq's keys and channels only.
-ACL_RULES = ["on", f">{USER_PW}", "~inferq:*", "&inferq:*", "+@all", "-@dangerous"]
+ACL_RULES = ["reset", "on", f">{USER_PW}", "resetchannels", "~inferq:*", "&inferq:*", "+@all", "-@dangerous"]
 
 
 class SecureRedis:
@@ -40,8 +40,7 @@ class SecureRedis:
         self.admin_url = self.server.url
         self.user_url = f"redis://{USER}:{USER_PW}@127.0.0.1:{self.port}/0"
         admin = redis.Redis.from_url(self.admin_url)
-        admin.acl_setuser(USER, enabled=True, passwords=[f"+{USER_PW}"], keys=["inferq:*"], channels=["inferq:*"],
-                          commands=["+@all", "-@dangerous"])
+        admin.execute_command("ACL", "SETUSER", USER, *ACL_RULES)
         admin.close()
 
     def admin(self) -> redis.Redis:
