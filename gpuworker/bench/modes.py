@@ -99,8 +99,10 @@ def summarize_latency(trace: Trace) -> dict:
         "mean_step_tokens": statistics.fmean(trace.step_tokens) if trace.step_tokens else 0.0,
         "max_step_tokens": max(trace.step_tokens, default=0),
         "max_step_ms": 1000 * max(trace.step_seconds, default=0.0),
-        # (tokens, ms) of every step: what one step costs as it grows.
-        "steps_tokens_ms": [[n, round(1000 * s, 2)] for n, s in zip(trace.step_tokens, trace.step_seconds)],
+        "mean_step_seqs": statistics.fmean(trace.step_seqs) if trace.step_seqs else 0.0,
+        # (tokens, ms, sequences) of every step: what one step costs as it grows.
+        "steps_tokens_ms": [[n, round(1000 * s, 2), q] for n, s, q in
+                            zip(trace.step_tokens, trace.step_seconds, trace.step_seqs)],
     }
 
 
@@ -141,15 +143,24 @@ def markdown_table(results: dict[str, dict]) -> str:
 def step_cost_fit(results: dict[str, dict]) -> dict:
     """Least-squares line through every step of every mode: ms = fixed + per_token * tokens.
     On a CPU the per-token term dominates long prefills; chunking bounds it."""
-    pts = [(n, ms) for r in results.values() for n, ms in r["latency"]["steps_tokens_ms"]]
+    pts = [(p[0], p[1]) for r in results.values() for p in r["latency"]["steps_tokens_ms"]]
     if len(pts) < 2 or len({n for n, _ in pts}) < 2:
         return {"fixed_ms": float("nan"), "per_token_ms": float("nan"), "steps": len(pts)}
     mx = statistics.fmean(n for n, _ in pts)
     my = statistics.fmean(ms for _, ms in pts)
     slope = sum((n - mx) * (ms - my) for n, ms in pts) / sum((n - mx) ** 2 for n, _ in pts)
     decode_only = [ms for n, ms in pts if n <= 32]
-    return {"fixed_ms": my - slope * mx, "per_token_ms": slope, "steps": len(pts),
-            "median_small_step_ms": statistics.median(decode_only) if decode_only else float("nan")}
+    out = {"fixed_ms": my - slope * mx, "per_token_ms": slope, "steps": len(pts),
+           "median_small_step_ms": statistics.median(decode_only) if decode_only else float("nan")}
+    # With the number of sequences as a second term: per-sequence work (attention
+    # over each one's context, sampling) that tokens alone do not capture.
+    rows = [p for r in results.values() for p in r["latency"]["steps_tokens_ms"] if len(p) > 2]
+    if len(rows) >= 3 and len({p[2] for p in rows}) > 1:
+        a = torch.tensor([[1.0, p[0], p[2]] for p in rows], dtype=torch.float64)
+        b = torch.tensor([[p[1]] for p in rows], dtype=torch.float64)
+        coef = torch.linalg.lstsq(a, b).solution.flatten().tolist()
+        out["with_seqs"] = {"fixed_ms": coef[0], "per_token_ms": coef[1], "per_seq_ms": coef[2]}
+    return out
 
 
 def kv_table(results: dict[str, dict]) -> str:
@@ -356,6 +367,9 @@ def main(argv=None) -> int:
     fit = step_cost_fit(results)
     print(f"step cost fit over {fit['steps']} steps: {fit['fixed_ms']:.0f} ms + {fit['per_token_ms']:.2f} ms/token "
           f"(median step with <= 32 tokens: {fit.get('median_small_step_ms', float('nan')):.0f} ms)")
+    if "with_seqs" in fit:
+        w = fit["with_seqs"]
+        print(f"  with sequences: {w['fixed_ms']:.0f} ms + {w['per_token_ms']:.2f} ms/token + {w['per_seq_ms']:.1f} ms/sequence")
     print()
     print("KV slots allocated but holding no token (sampled after every step):")
     print(kv_table(results).replace("{bs}", str(args.block_size)))

@@ -56,6 +56,7 @@ class Trace:
     steps: int
     step_tokens: list[int]  # tokens scheduled in each step
     step_seconds: list[float] = field(default_factory=list)  # how long each step took
+    step_seqs: list[int] = field(default_factory=list)  # sequences in each step
 
 
 def replay(engine, workload: list[TimedRequest], *, static: bool = False, static_batch: int = 8,
@@ -68,15 +69,16 @@ def replay(engine, workload: list[TimedRequest], *, static: bool = False, static
     kv_samples: list[KVSample] = []
     step_tokens: list[int] = []
     step_seconds: list[float] = []
+    step_seqs: list[int] = []
     bs = engine.kv.block_size
     nxt = 0
     # Observe (not change) each step's plan: how many tokens it computes.
     plain_schedule = engine.scheduler.schedule
-    last_scheduled = [0]
+    last_scheduled = [0, 0]  # tokens, sequences
 
     def observed_schedule():
         out = plain_schedule()
-        last_scheduled[0] = sum(s.num_new_tokens for s in out.scheduled)
+        last_scheduled[:] = [sum(s.num_new_tokens for s in out.scheduled), len(out.scheduled)]
         return out
 
     engine.scheduler.schedule = observed_schedule
@@ -105,12 +107,13 @@ def replay(engine, workload: list[TimedRequest], *, static: bool = False, static
                 time.sleep(max(0.0, todo[nxt].arrival_s - (time.perf_counter() - start)))
                 continue
 
-            last_scheduled[0] = 0
+            last_scheduled[:] = [0, 0]
             t_step = time.perf_counter()
             deltas = engine.step()
             t = time.perf_counter() - start
             step_seconds.append(t + start - t_step)
             step_tokens.append(last_scheduled[0])
+            step_seqs.append(last_scheduled[1])
             for d in deltas:
                 tr = traces[d.request_id]
                 if d.new_token_ids:
@@ -129,4 +132,4 @@ def replay(engine, workload: list[TimedRequest], *, static: bool = False, static
                 ))
     finally:
         del engine.scheduler.schedule  # back to the class's own method
-    return Trace(traces, kv_samples, time.perf_counter() - start, len(step_tokens), step_tokens, step_seconds)
+    return Trace(traces, kv_samples, time.perf_counter() - start, len(step_tokens), step_tokens, step_seconds, step_seqs)

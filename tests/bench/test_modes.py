@@ -119,3 +119,13 @@ def test_kv_waste_arithmetic():
     assert kv["contiguous_final_len_waste"] == pytest.approx(1 - 70 / 140)
     assert kv["contiguous_max_model_len_waste"] == pytest.approx(1 - 70 / 300)
     assert kv["max_requests_holding_blocks"] == 2
+
+
+def test_step_cost_fit_with_sequences():
+    from gpuworker.bench.modes import step_cost_fit
+
+    # ms = 50 + 2 * tokens + 30 * seqs
+    pts = [[t, 50 + 2 * t + 30 * q, q] for t, q in [(1, 1), (8, 8), (100, 1), (120, 4), (16, 16), (300, 2)]]
+    fit = step_cost_fit({"m": {"latency": {"steps_tokens_ms": pts}}})["with_seqs"]
+    assert fit["fixed_ms"] == pytest.approx(50) and fit["per_token_ms"] == pytest.approx(2)
+    assert fit["per_seq_ms"] == pytest.approx(30)
