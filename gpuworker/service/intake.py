@@ -152,7 +152,9 @@ class Intake(threading.Thread):
         """Validate, count the attempt, and start each job (or finish/reject it)."""
         b = Batch()
         parsed: list[tuple[str, object, Job]] = []
-        held = {st.entry_id for st in self.inflight.snapshot()}
+        snap = self.inflight.snapshot()
+        held = {st.entry_id for st in snap}
+        running = {st.id for st in snap}
         for entry_id, fields in entries:
             entry_id = _s(entry_id)
             if entry_id in held:
@@ -173,6 +175,13 @@ class Intake(threading.Thread):
             except Exception as e:
                 self._reject(b, entry_id, raw, salvage_job_id(text), 1, "invalid_job", describe(e))
                 continue
+            if job.id in running:
+                # Another entry with this job id is running here: dead-letter this
+                # copy without touching the running job's reply stream or status.
+                self._reject(b, entry_id, raw, None, 1, "duplicate_job_id",
+                             f"job id {job.id!r} is already running on this worker")
+                continue
+            running.add(job.id)
             parsed.append((entry_id, raw, job))
         if not parsed:
             b.send(self.r, give_up=self._give_up, log=self.log)
@@ -218,6 +227,9 @@ class Intake(threading.Thread):
                 st.prompt_ids = self.prompts.token_ids(job)
             except PromptError as e:
                 self._reject(b, entry_id, raw, job.id, attempt, e.code, str(e))
+                continue
+            except Exception as e:  # a tokenizer failure is this job's problem, not the worker's
+                self._reject(b, entry_id, raw, job.id, attempt, "invalid_prompt", f"tokenization failed: {e}")
                 continue
             ready.append(st)
             self.metrics.queue_time.observe(max(0.0, now - job.created_at))

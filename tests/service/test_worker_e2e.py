@@ -226,3 +226,14 @@ def test_metrics_and_heartbeat(worker, p):
     cfg = [k for k in worker.metrics() if k.startswith("inferq:worker_config_info")][0]
     assert 'max_num_seqs="32"' in cfg and 'num_kv_blocks="512"' in cfg
     assert "e2e-1" in p.workers()
+
+
+def test_second_entry_with_a_running_job_id_is_dead_lettered_quietly(worker, p, r):
+    job = Job(model=MODEL, prompt="only once", sampling=SamplingParams(max_tokens=60, temperature=0, ignore_eos=True))
+    r.xadd(keys.jobs(MODEL), job.to_fields())
+    r.xadd(keys.jobs(MODEL), job.to_fields())  # a client bug or a replay: same id twice
+    res = p.job(job.id).result(timeout=60)
+    assert res.usage.completion_tokens == 60 and res.attempt == 1
+    codes = [f[b"code"] for _, f in r.xrange(keys.dlq(MODEL)) if f[b"job"] == job.to_fields()["job"].encode()]
+    assert codes == [b"duplicate_job_id"]
+    assert r.xlen(keys.jobs(MODEL)) == 0
