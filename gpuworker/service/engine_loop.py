@@ -161,7 +161,7 @@ class EngineLoop(threading.Thread):
         job = st.job
         try:
             self.engine.add_request(st.id, st.prompt_ids, job.sampling, priority=job.priority,
-                                    deadline=job.deadline, arrival_time=job.created_at)
+                                    deadline=job.deadline, arrival_time=st.created)
         except ValueError as e:
             self._in_engine.discard(st.id)
             self.out.put(Rejected(st, "invalid_request", str(e)))

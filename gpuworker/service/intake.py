@@ -232,7 +232,7 @@ class Intake(threading.Thread):
                 self._reject(b, entry_id, raw, job.id, attempt, "invalid_prompt", f"tokenization failed: {e}")
                 continue
             ready.append(st)
-            self.metrics.queue_time.observe(max(0.0, now - job.created_at))
+            self.metrics.queue_time.observe(max(0.0, now - st.created))
             if self.ctx.log_prompts:
                 st.log.info("job_started", prompt_tokens=len(st.prompt_ids), prompt=job.prompt or job.messages)
             else:

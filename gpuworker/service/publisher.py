@@ -99,7 +99,7 @@ class Publisher(threading.Thread):
                     if d.new_token_ids:
                         if st.first_token_at is None:
                             st.first_token_at = item.t
-                            self.metrics.ttft.observe(max(0.0, item.t - st.job.created_at))
+                            self.metrics.ttft.observe(max(0.0, item.t - st.created))
                         elif st.last_token_at is not None:
                             self.metrics.itl.observe(max(0.0, item.t - st.last_token_at))
                         st.last_token_at = item.t
@@ -122,7 +122,7 @@ class Publisher(threading.Thread):
                         n_events += 1
                         finished.append(st)
                         self.metrics.finished(d.finish_reason)
-                        self.metrics.e2e.observe(max(0.0, item.t - st.job.created_at))
+                        self.metrics.e2e.observe(max(0.0, item.t - st.created))
                         st.log.info("job_finished", finish_reason=d.finish_reason,
                                     completion_tokens=d.num_output_tokens, cached_tokens=d.num_cached_tokens)
             elif isinstance(item, Rejected):

@@ -51,7 +51,7 @@ def _close(b: Batch, ctx: WorkerContext, job_id: str, status: dict) -> None:
 def finish(b: Batch, ctx: WorkerContext, st: JobState, reason: str, usage: Usage, now: Optional[float] = None) -> DoneEvent:
     """``done`` event, final status, then ack + delete the job entry."""
     now = time.time() if now is None else now
-    created = st.job.created_at
+    created = st.created
     ev = DoneEvent(
         attempt=st.attempt, seq=st.next_seq(), finish_reason=reason, usage=usage,
         timings=Timings(

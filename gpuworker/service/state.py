@@ -1,6 +1,7 @@
 """What the worker knows about each job it holds, shared by its threads."""
 from __future__ import annotations
 
+import math
 import threading
 import time
 from dataclasses import dataclass, field
@@ -31,6 +32,12 @@ class JobState:
     @property
     def id(self) -> str:
         return self.job.id
+
+    @property
+    def created(self) -> float:
+        """Submit time, trusted only if it is sane (payloads can be hand-made)."""
+        c = self.job.created_at
+        return c if math.isfinite(c) and c <= self.received_at + 60 else self.received_at
 
     def next_seq(self) -> int:
         s = self.seq

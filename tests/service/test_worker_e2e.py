@@ -237,3 +237,13 @@ def test_second_entry_with_a_running_job_id_is_dead_lettered_quietly(worker, p, 
     codes = [f[b"code"] for _, f in r.xrange(keys.dlq(MODEL)) if f[b"job"] == job.to_fields()["job"].encode()]
     assert codes == [b"duplicate_job_id"]
     assert r.xlen(keys.jobs(MODEL)) == 0
+
+
+def test_hand_made_payload_with_nonsense_created_at_still_gets_sane_timings(worker, p, r):
+    raw = '{"id": "nan-created", "model": "%s", "prompt": "x", "created_at": NaN, "sampling": {"max_tokens": 3}}' % MODEL
+    r.xadd(keys.jobs(MODEL), {"job": raw})
+    wait_for(lambda: r.exists(keys.reply("nan-created")), 10, what="reply stream")
+    res = p.job("nan-created").result(timeout=60)
+    assert res.usage.completion_tokens == 3
+    t = res.timings
+    assert all(v is not None and 0 <= v < 60 for v in (t.queue, t.ttft, t.total))
