@@ -178,8 +178,10 @@ def test_stream_resumes_from_last_seen_id_and_blocks_for_new_events(p, r):
         time.sleep(0.3)
         emit(r, h.id, DeltaEvent(attempt=1, seq=2, text="b"), _done(1, 3))
 
-    threading.Thread(target=later).start()
+    writer = threading.Thread(target=later)
+    writer.start()
     rest = [ev for _, ev in h.stream(last_id=last, block_ms=100, timeout=5)]
+    writer.join(5)  # its XADD reply may still be in flight when the reader has the event
     assert [e.type for e in rest] == ["delta", "done"] and rest[0].text == "b"
 
 
