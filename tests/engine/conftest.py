@@ -42,3 +42,14 @@ def mixed_prompts(smol_llm):
         long_text = " ".join([f"Sentence {j} is about {t} and nothing else." for j in range(2 + 2 * i)])
         prompts.append(smol_llm.apply_chat_template([{"role": "user", "content": long_text + " Summarise."}]))
     return prompts
+
+
+@pytest.fixture(autouse=True)
+def _block_pool_invariant_after_each_test(request):
+    """The shared engine must be consistent and idle after every test that used it."""
+    yield
+    if "smol_llm" in request.fixturenames:
+        eng = request.getfixturevalue("smol_llm").engine
+        eng.check_invariants()
+        assert not eng.has_unfinished(), "a test left requests in the shared engine"
+        assert eng.stats().num_free_blocks == eng.stats().num_blocks
