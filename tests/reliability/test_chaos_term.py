@@ -34,13 +34,29 @@ def test_sigterm_drains_in_flight_and_hands_back_the_rest(chaos, chaos_oracle):
     leaver = chaos.fleet.start("chaos-term-leaver", extra=("--drain-timeout", str(DRAIN_S), "--max-num-seqs", "8",
                                                            "--num-kv-blocks", "1024"))[0]
     p = Producer(chaos.url, default_model="chaos")
-    longs = [p.submit(f"long term job {i}", sampling=greedy(LONG)) for i in range(6)]
-    prompts = [f"medium term job {i}" for i in range(40)]
-    mediums = [p.submit(pr, sampling=greedy(MEDIUM)) for pr in prompts]
-    watched = {h.id: watch(h) for h in mediums}
-    # SIGTERM while the leaver holds both kinds.
-    wait_for(lambda: running_on(r, longs, leaver.worker_id) and running_on(r, mediums, leaver.worker_id), 90,
-             interval=0.02, what="long and medium jobs running on the leaver")
+    # Jobs go to whichever worker reads first, so keep submitting until the
+    # leaver holds long jobs and medium ones at the same moment, then SIGTERM.
+    longs: list = []
+    while not running_on(r, longs, leaver.worker_id):
+        assert len(longs) < 30, "the leaver never took a long job"
+        longs.append(p.submit(f"long term job {len(longs)}", sampling=greedy(LONG)))
+        wait_for(lambda: p.job(longs[-1].id).status()["status"] == "running", 60, what="long job started")
+    prompts, mediums, watched = [], [], {}
+
+    def leaver_holds_both() -> bool:
+        return bool(running_on(r, mediums, leaver.worker_id) and running_on(r, longs, leaver.worker_id))
+
+    while True:
+        assert len(mediums) < 400, "the leaver never held a medium job"
+        for _ in range(8):
+            prompts.append(f"medium term job {len(prompts)}")
+            mediums.append(p.submit(prompts[-1], sampling=greedy(MEDIUM)))
+            watched[mediums[-1].id] = watch(mediums[-1])
+        try:
+            wait_for(leaver_holds_both, 1.0, interval=0.02)
+            break
+        except TimeoutError:
+            continue
     in_flight_long = running_on(r, longs, leaver.worker_id)
     in_flight_medium = running_on(r, mediums, leaver.worker_id)
     t0 = time.monotonic()
