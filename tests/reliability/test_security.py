@@ -16,7 +16,7 @@ import redis
 from producer import Producer
 from schemas import keys
 from tests.gateway.stack import running_gateway
-from tests.reliability.conftest import ADMIN_PW, MODEL, USER, USER_PW, wait_for
+from tests.reliability.conftest import MODEL, USER, wait_for
 from tests.service.conftest import REPO
 
 
