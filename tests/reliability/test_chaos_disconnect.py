@@ -45,6 +45,8 @@ def test_gateway_disconnect_cancels_and_frees_blocks_others_unaffected(fleet, gw
             if line.startswith("data: ") and '"content":"' in line and '"content":""' not in line:
                 chunks += 1
                 if chunks >= 3:
+                    # Blocks are in use now (so "back to 0" below means freed, not never used).
+                    assert any(w.metric("inferq:kv_cache_usage_perc") > 0 for w in fleet.alive())
                     break  # the client goes away here
     res = p.job(job_id).result(timeout=60)
     assert res.finish_reason == "abort" and res.usage.completion_tokens < 400
@@ -56,6 +58,21 @@ def test_gateway_disconnect_cancels_and_frees_blocks_others_unaffected(fleet, gw
         assert w.error is None and w.text == exp.text and w.status["status"] == "done"
     wait_for(lambda: engines_idle(fleet), 30, what="engines idle with every KV block free")
     assert all(w.metric("inferq:engine_invariant_failures_total") == 0 for w in fleet.alive())
+    p.close()
+
+
+def test_native_events_disconnect_does_not_cancel(fleet, gw, secure_redis):
+    """The jobs API's events stream is meant to be resumed: dropping it leaves the job running."""
+    job = httpx.post(f"{gw}/v1/jobs", timeout=30, json={"model": MODEL, "prompt": "keep going",
+                                                         "sampling": greedy(150)}).json()["id"]
+    with httpx.stream("GET", f"{gw}/v1/jobs/{job}/events", timeout=60) as resp:
+        for line in resp.iter_lines():
+            if line == "event: delta":
+                break  # the client goes away here
+    p = Producer(secure_redis.user_url, default_model=MODEL)
+    res = p.job(job).result(timeout=120)
+    assert res.finish_reason == "length" and res.usage.completion_tokens == 150
+    assert p.job(job).status()["status"] == "done"
     p.close()
 
 

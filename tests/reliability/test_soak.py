@@ -16,7 +16,7 @@ from producer import Producer
 from schemas import keys
 from tests.reliability.conftest import pending_count, rss_kib, wait_for
 
-N_JOBS = 5000
+N_JOBS = 12000
 REPLY_TTL = 4  # the chaos workers' --reply-ttl
 PRODUCER_TTL = 60  # keys of jobs still waiting, and cancel flags
 
