@@ -113,7 +113,8 @@ async def job_events(job_id: str, request: Request, principal: Principal = Depen
     ctx = ctx_of(request)
     await _owned_job(ctx, principal, job_id)
     start = last_event_id or from_id or "0-0"
-    if not re.match(_ENTRY_ID, start):
+    # Each part of a stream id is a 64-bit number; Redis refuses bigger ones mid-stream.
+    if not re.fullmatch(_ENTRY_ID, start) or any(int(part) >= 2**64 for part in start.split("-")):
         raise bad_request(f"Last-Event-ID must be a reply entry id like '1700000000000-0', got {start!r}")
     # Already past the terminal event: nothing more will ever come.
     last = await ctx.backend.redis.xrevrange(keys.reply(job_id), count=1)
