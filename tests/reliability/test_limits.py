@@ -116,3 +116,16 @@ def test_unknown_model(gw, r):
                   what="error event")[0]
     data = json.loads(ev[b"data"])
     assert data["code"] == "unknown_model" and data["message"] == f"this worker serves '{MODEL}', not 'other'"
+
+
+def test_last_event_id_out_of_range(gw, sdk):
+    """A resume id Redis would refuse (a part over 64 bits, a trailing newline) is a 400
+    up front, not a 200 whose stream then breaks."""
+    h = sdk.submit("resume", sampling={"max_tokens": 1})
+    h.result(timeout=60)
+    for bad in ("99999999999999999999-0", "1-18446744073709551616", "1-0\n", "abc"):
+        resp = httpx.get(f"{gw}/v1/jobs/{h.id}/events", params={"last_event_id": bad}, timeout=10)
+        err = error_of(resp, 400)
+        assert err["message"].startswith("Last-Event-ID must be a reply entry id like '1700000000000-0'"), bad
+    ok = httpx.get(f"{gw}/v1/jobs/{h.id}/events", params={"last_event_id": "18446744073709551615-0"}, timeout=10)
+    assert ok.status_code == 200  # the largest valid id: past the end of a finished job, an empty stream
