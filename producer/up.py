@@ -177,31 +177,29 @@ class Supervisor:
 
     def start_gateway(self, port: int) -> None:
         env = self._child_env()
+        # The gateway's default model is the one this worker serves: a request
+        # without a model (or sent before the worker registers) gets a 503, not a 404.
+        env["INFERQ_DEFAULT_MODEL"] = self.model
         if self.opts.api_keys is not None:
             env["INFERQ_GATEWAY_API_KEYS"] = self.opts.api_keys
         args = [sys.executable, "-m", "producer.gateway", "--host", self.opts.host, "--port", str(port)]
         self.gateway = Child("gateway", args, env, self.log_dir / "gateway.log")
 
     # -- readiness ------------------------------------------------------
-    def _worker_heartbeating(self, r) -> bool:
-        cutoff = time.time() - 15
-        return bool(r.zcount(keys.workers(self.model), cutoff, "+inf"))
-
-    def _gateway_answers(self, url: str) -> bool:
+    def _gateway_ready(self, url: str) -> Optional[bool]:
+        """The gateway's /ready: True once a live worker serves a model, False
+        while it answers "not ready", None while it is not listening yet."""
         try:
-            with urllib.request.urlopen(f"{url}/health", timeout=1) as resp:
-                return resp.status in (200, 503)
-        except Exception as e:  # an HTTP error status still means it is listening
-            return getattr(e, "code", None) is not None
+            with urllib.request.urlopen(f"{url}/ready", timeout=2) as resp:
+                return resp.status == 200
+        except Exception as e:  # an HTTP error status (503) still means it is listening
+            return False if getattr(e, "code", None) is not None else None
 
     def wait_ready(self, gateway_url: str) -> bool:
-        import redis
-
-        from producer.settings import RedisSettings
-
-        r = redis.Redis.from_url(self.redis_url, **RedisSettings(redis_url=self.redis_url).client_kwargs())
+        """READY is printed only once the gateway itself says it is ready (a live
+        worker serves the model), so the first request after it is served."""
         deadline = time.monotonic() + self.opts.ready_timeout
-        worker_ok = gateway_ok = False
+        gateway_seen = False
         with self.console.status("starting the worker (loading the model) and the gateway…") as status:
             while time.monotonic() < deadline and not self.stop_event.is_set():
                 for child in (self.worker, self.gateway):
@@ -210,19 +208,16 @@ class Supervisor:
                                            f"last lines of {child.log_path}:[/red]")
                         self.console.print(child.tail(), markup=False)
                         return False
-                if not worker_ok and self._worker_heartbeating(r):
-                    worker_ok = True
-                    self.console.print(f"[green]✓[/green] worker serving {self.model} (pid {self.worker.pid})")
-                if not gateway_ok and self._gateway_answers(gateway_url):
-                    gateway_ok = True
+                state = self._gateway_ready(gateway_url)
+                if state is not None and not gateway_seen:
+                    gateway_seen = True
                     self.console.print(f"[green]✓[/green] gateway {gateway_url} (pid {self.gateway.pid})")
-                if worker_ok and gateway_ok:
-                    r.close()
+                if state:
+                    self.console.print(f"[green]✓[/green] worker serving {self.model} (pid {self.worker.pid})")
                     return True
-                status.update(f"waiting for {'the worker' if not worker_ok else 'the gateway'}… "
+                status.update(f"waiting for {'the worker' if gateway_seen else 'the gateway'}… "
                               f"({int(deadline - time.monotonic())}s left)")
                 time.sleep(0.25)
-        r.close()
         if not self.stop_event.is_set():
             self.console.print(f"[red]✗ not ready within {self.opts.ready_timeout:.0f}s; see {self.log_dir}[/red]")
         return False

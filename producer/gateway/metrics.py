@@ -56,7 +56,7 @@ def route_label(path: str) -> str:
     if path.startswith("/v1/jobs/"):
         return _JOB_PATH.sub("/v1/jobs/{id}", path)
     return path if path in ("/v1/completions", "/v1/chat/completions", "/v1/models", "/v1/jobs",
-                            "/health", "/metrics") else "other"
+                            "/health", "/ready", "/metrics") else "other"
 
 
 class RequestMetrics:

@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 from openai import OpenAI
 
@@ -41,6 +42,9 @@ def test_inferq_up_serves_openai_and_stops_cleanly_on_sigint(tmp_path):
         assert url == f"http://127.0.0.1:{port}"
         assert "embedded Redis" in out.text()  # INFERQ_REDIS_URL unset: the bundled redis-server
         assert f"{url}/v1/chat/completions" in out.text()  # the ready-to-paste example
+        # READY is printed only once the gateway's readiness answer says so.
+        ready_now = httpx.get(f"{url}/ready", timeout=10)
+        assert ready_now.status_code == 200 and ready_now.json()["status"] == "ready", ready_now.text
         kids = children_of(proc.pid)
         assert len(kids) >= 3  # redis-server, worker, gateway
 
