@@ -234,12 +234,15 @@ class Supervisor:
               f"r = client.chat.completions.create(model=\"{self.model}\", max_tokens=64,\n"
               f"    messages=[{{\"role\": \"user\", \"content\": \"Write a haiku about queues\"}}])\n"
               f"print(r.choices[0].message.content)")
+        # The CLI of the environment `up` runs from (e.g. .venv/bin/inferq), so it pastes as is.
+        venv_cli = Path(sys.executable).parent / "inferq"
+        cli = str(venv_cli) if venv_cli.exists() else "inferq"
         c = self.console
         c.rule(f"[bold green]inferq is ready[/bold green] at {url} (model {self.model})")
         # Examples go out as plain text: no wrapping or borders, so they paste as they are.
         print(f"\n# curl\n{curl}\n\n# python (pip install openai)\n{py}\n\n"
               f"# CLI in another terminal\nexport INFERQ_REDIS_URL={self.redis_url}\n"
-              f"inferq submit \"The capital of France is\"; inferq status\n", flush=True)
+              f"{cli} submit \"The capital of France is\"; {cli} status\n", flush=True)
         c.print(f"logs: {self.log_dir}   stop: Ctrl-C")
         c.print(f"READY {url}", markup=False, highlight=False)
 

@@ -72,6 +72,7 @@ def test_gateway_and_celery(compose):
     assert any(str(p).endswith(":8000") for p in g["ports"])
     assert g["depends_on"]["redis"]["condition"] == "service_healthy"
     assert "INFERQ_GATEWAY_API_KEYS" in env_of(g)
+    assert "/ready" in " ".join(g["healthcheck"]["test"])  # healthy = a worker serves, not just "process up"
     assert s["celery-worker"]["command"][:4] == ["celery", "-A", "producer.celery_app", "worker"]
     assert s["celery-beat"]["command"][:4] == ["celery", "-A", "producer.celery_app", "beat"]
     for name in ("gateway", "celery-worker", "celery-beat"):
