@@ -29,6 +29,7 @@ FLAGS = [
     ("--reply-maxlen", "reply_maxlen", int, "approximate bound on entries per reply stream"),
     ("--block-ms", "block_ms", int, "XREADGROUP BLOCK in ms"),
     ("--log-level", "log_level", str, "debug | info | warning | error"),
+    ("--step-pace-s", "step_pace_s", float, "test aid: sleep after every engine step (default 0 = off)"),
 ]
 
 

@@ -64,7 +64,8 @@ class Dropped:
 
 class EngineLoop(threading.Thread):
     def __init__(self, engine, commands: "queue.Queue", to_publisher: "queue.Queue", inflight: InFlight, metrics, log,
-                 rebuild: Optional[Callable[[], object]] = None, check_invariants: bool = False):
+                 rebuild: Optional[Callable[[], object]] = None, check_invariants: bool = False,
+                 step_pace_s: float = 0.0):
         super().__init__(name="inferq-engine", daemon=True)
         self.engine = engine
         self.commands = commands
@@ -81,6 +82,9 @@ class EngineLoop(threading.Thread):
         self._held: deque = deque()  # new jobs waiting for the probes to end
         # Debug/test aid: verify the block pool after every abort and whenever idle.
         self.check_invariants = check_invariants
+        # Test aid (WorkerSettings.step_pace_s): a fixed sleep per step, so a test's
+        # timing does not depend on how fast the machine runs the engine.
+        self.step_pace_s = step_pace_s
 
     def run(self) -> None:
         try:
@@ -202,6 +206,8 @@ class EngineLoop(threading.Thread):
                               or any(d.request_id == p.id and d.new_token_ids for d in deltas)):
             self._probing = None  # it produced a token (or ended): probation passed
         self.out.put(StepOutput(deltas, self.engine.stats(), time.time(), dt))
+        if self.step_pace_s:
+            time.sleep(self.step_pace_s)
         if not self.engine.has_unfinished():
             self._verify("idle")
 

@@ -54,6 +54,9 @@ class WorkerSettings(BaseSettings):
     max_flush_steps: int = Field(8, ge=1, description="Engine steps merged into one pipeline when the publisher lags.")
 
     check_invariants: bool = Field(False, description="Verify the KV block pool after aborts and when idle (tests, debugging).")
+    # Test aid, off by default: tests that need a job to still be running at some
+    # point (a deadline, a drain timeout) pace the engine instead of assuming a slow machine.
+    step_pace_s: float = Field(0.0, ge=0.0, le=10.0, description="Test aid: sleep this long after every engine step (0 = off).")
 
     # Observability
     metrics_port: int = Field(0, ge=0, le=65535, description="0 = no metrics server.")

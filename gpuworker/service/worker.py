@@ -85,7 +85,8 @@ class Worker:
         self.intake = Intake(self.ctx, self.r, self.inflight, prompts, self.to_engine, self.to_publisher,
                              self.metrics, self.log, self.s.block_ms, self.stop_reading)
         self.engine_loop = EngineLoop(eng, self.to_engine, self.to_publisher, self.inflight, self.metrics, self.log,
-                                      rebuild=lambda: build_engine(self.s), check_invariants=self.s.check_invariants)
+                                      rebuild=lambda: build_engine(self.s), check_invariants=self.s.check_invariants,
+                                      step_pace_s=self.s.step_pace_s)
         self.publisher = Publisher(self.ctx, self.r, self.inflight, self.to_publisher, self.to_engine,
                                    self.intake.requeue, self.metrics, self.log, coalesce=self.s.coalesce_deltas,
                                    max_flush_steps=self.s.max_flush_steps, give_up=self.hard_stop.is_set)

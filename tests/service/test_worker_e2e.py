@@ -19,7 +19,10 @@ MODEL = "tiny-e2e"
 
 @pytest.fixture(scope="module")
 def worker(module_redis, tiny_model, tmp_path_factory):
-    w = WorkerProc(module_redis.url, tiny_model, MODEL, tmp_path_factory.mktemp("wlog"), "e2e-1", metrics=True)
+    # Paced at 10 ms per step: a 400-token job runs at least 4 s on any machine, so
+    # the cancel and deadline tests always catch it mid-generation.
+    w = WorkerProc(module_redis.url, tiny_model, MODEL, tmp_path_factory.mktemp("wlog"), "e2e-1",
+                   "--step-pace-s", "0.01", metrics=True)
     w.wait_ready()
     yield w
     w.terminate()
