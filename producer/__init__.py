@@ -12,7 +12,8 @@ from producer.errors import (
     QueueFull,
     RateLimited,
 )
-from producer.settings import ProducerSettings, RedisSettings
+from producer.settings import ProducerSettings
+from schemas.connection import RedisSettings
 
 __all__ = [
     "Producer",

@@ -17,8 +17,9 @@ from typing import Optional
 import redis
 from pydantic import ValidationError
 
-from schemas import Usage, keys
-from schemas.job import Job
+from schemas.text import as_str
+from schemas import Usage, keys, records
+from schemas.job import Job, job_payload
 
 from gpuworker.service import replies
 from gpuworker.service.batch import Batch, retrying
@@ -28,10 +29,6 @@ from gpuworker.service.prompts import PromptBuilder, PromptError
 from gpuworker.service.state import InFlight, JobState
 
 _ID_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
-
-
-def _s(v) -> str:
-    return v.decode("utf-8", errors="replace") if isinstance(v, bytes) else str(v)
 
 
 def salvage_job_id(raw: Optional[str]) -> Optional[str]:
@@ -130,7 +127,7 @@ class Intake(threading.Thread):
             entries = resp[0][1] if resp else []
             if not entries:
                 return
-            last = _s(entries[-1][0])
+            last = as_str(entries[-1][0])
             self.log.info("pending_reread", count=len(entries))
             self.admit(entries)
 
@@ -143,7 +140,7 @@ class Intake(threading.Thread):
                 break
             batch.append((entry_id, fields))
             if suspect:
-                flags[_s(entry_id)] = suspect
+                flags[as_str(entry_id)] = suspect
         if batch:
             self.admit(batch, flags)
 
@@ -156,22 +153,19 @@ class Intake(threading.Thread):
         held = {st.entry_id for st in snap}
         running = {st.id for st in snap}
         for entry_id, fields in entries:
-            entry_id = _s(entry_id)
+            entry_id = as_str(entry_id)
             if entry_id in held:
                 continue  # already running here (read twice): one copy is enough
             if not fields:  # deleted from the stream while pending: nothing left to do
                 b.xack(self.ctx.stream, self.ctx.group, entry_id)
                 continue
-            raw_b = fields.get(b"job", fields.get("job"))
+            raw_b = job_payload(fields)
             # ``raw`` is what the DLQ keeps: the payload's exact bytes.
-            raw = raw_b if raw_b is not None else json.dumps({_s(k): _s(v) for k, v in fields.items()})
-            text = _s(raw)
+            raw = raw_b if raw_b is not None else json.dumps({as_str(k): as_str(v) for k, v in fields.items()})
+            text = as_str(raw)
             try:
-                if raw_b is None:
-                    raise ValueError("stream entry has no 'job' field")
-                if isinstance(raw_b, bytes):
-                    raw_b.decode("utf-8")  # invalid UTF-8 is a client error, not a crash
-                job = Job.model_validate_json(text)
+                # Invalid UTF-8 or a missing field is a client error, not a crash.
+                job = Job.from_fields(fields)
             except Exception as e:
                 self._reject(b, entry_id, raw, salvage_job_id(text), 1, "invalid_job", describe(e))
                 continue
@@ -190,8 +184,8 @@ class Intake(threading.Thread):
         # One round trip: bump each job's attempt counter and read its cancel flag.
         idx = []
         for _, _, job in parsed:
-            idx.append((b.hincrby(keys.job_info(job.id), "attempt", 1), b.exists(keys.cancel(job.id))))
-            b.expire(keys.job_info(job.id), self.ctx.job_ttl)
+            idx.append((b.hincrby(keys.job_info(job.id), records.ATTEMPT, 1), b.exists(keys.cancel(job.id))))
+            b.expire(keys.job_info(job.id), self.ctx.live_ttl)
         res = b.send(self.r, give_up=self._give_up, log=self.log)
 
         now = time.time()

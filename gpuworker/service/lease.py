@@ -20,14 +20,11 @@ from typing import Callable, Optional
 
 import redis
 
+from schemas.text import as_str
 from gpuworker.service.context import WorkerContext
 from gpuworker.service.state import InFlight
 
 QUEUE_GAUGE_INTERVAL = 2.0
-
-
-def _s(v) -> str:
-    return v.decode() if isinstance(v, bytes) else str(v)
 
 
 class LeaseKeeper(threading.Thread):
@@ -79,7 +76,7 @@ class LeaseKeeper(threading.Thread):
             return
         rows = self.r.xpending_range(self.ctx.stream, self.ctx.group, min="-", max="+",
                                      count=max(1000, 4 * len(held)), consumername=self.ctx.consumer)
-        owned = {_s(row["message_id"]) for row in rows}
+        owned = {as_str(row["message_id"]) for row in rows}
         mine = [st.entry_id for st in held if st.entry_id in owned]
         if mine:
             self.r.xclaim(self.ctx.stream, self.ctx.group, self.ctx.consumer, 0, mine, justid=True)
@@ -95,7 +92,7 @@ class LeaseKeeper(threading.Thread):
             return 0
         resp = self.r.xautoclaim(self.ctx.stream, self.ctx.group, self.ctx.consumer, self.min_idle_ms,
                                  start_id=self._cursor, count=free)
-        self._cursor = _s(resp[0])
+        self._cursor = as_str(resp[0])
         claimed = [(eid, fields) for eid, fields in resp[1]]
         if claimed:
             self.metrics.reclaimed.inc(len(claimed))

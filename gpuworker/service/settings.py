@@ -8,26 +8,18 @@ from __future__ import annotations
 
 import os
 import socket
-from typing import Any, Optional
-from urllib.parse import urlparse
+from typing import Optional
 
-from pydantic import Field, SecretStr, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, model_validator
+from pydantic_settings import SettingsConfigDict
 
 from schemas import keys
+from schemas.connection import sync_client
+from schemas.policy import QueuePolicy
 
 
-class WorkerSettings(BaseSettings):
+class WorkerSettings(QueuePolicy):
     model_config = SettingsConfigDict(env_prefix="INFERQ_", extra="ignore")
-
-    # Redis
-    redis_url: str = "redis://127.0.0.1:6379/0"
-    redis_username: Optional[str] = None
-    redis_password: Optional[SecretStr] = None
-    redis_tls_ca_certs: Optional[str] = None
-    redis_tls_certfile: Optional[str] = None
-    redis_tls_keyfile: Optional[str] = None
-    redis_tls_insecure: bool = False
 
     # Model and engine
     model: str = Field("", description="HF folder or .gguf file; empty = bundled SmolLM2-135M-Instruct.")
@@ -43,13 +35,8 @@ class WorkerSettings(BaseSettings):
 
     # Queue behaviour
     worker_id: str = Field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
-    lease_seconds: float = Field(10.0, gt=0.0, description="Reaper claims entries idle for 3 leases.")
-    max_deliveries: int = Field(5, ge=1, description="Deliveries before a job goes to the DLQ.")
     drain_timeout: float = Field(30.0, ge=0.0)
-    reply_ttl: int = Field(3600, ge=1, description="Seconds a reply stream lives after done/error.")
-    reply_maxlen: int = Field(20_000, ge=100)
     block_ms: int = Field(1000, ge=10, description="XREADGROUP BLOCK; must stay under the socket timeout.")
-    socket_timeout: float = Field(30.0, gt=1.0)
     coalesce_deltas: bool = Field(False, description="Merge a job's deltas within one publish round trip.")
     max_flush_steps: int = Field(8, ge=1, description="Engine steps merged into one pipeline when the publisher lags.")
 
@@ -83,35 +70,9 @@ class WorkerSettings(BaseSettings):
         # re-reads its own pending entries first.
         return self.worker_id
 
-    def redis_kwargs(self) -> dict[str, Any]:
-        kw: dict[str, Any] = {
-            "socket_timeout": self.socket_timeout,
-            "socket_connect_timeout": 5.0,
-            "health_check_interval": 30,
-        }
-        if self.redis_username:
-            kw["username"] = self.redis_username
-        if self.redis_password is not None:
-            kw["password"] = self.redis_password.get_secret_value()
-        if urlparse(self.redis_url).scheme == "rediss":
-            for src, dst in (("redis_tls_ca_certs", "ssl_ca_certs"), ("redis_tls_certfile", "ssl_certfile"),
-                             ("redis_tls_keyfile", "ssl_keyfile")):
-                if getattr(self, src):
-                    kw[dst] = getattr(self, src)
-            if self.redis_tls_insecure:
-                kw["ssl_cert_reqs"] = "none"
-                kw["ssl_check_hostname"] = False
-        return kw
-
     def redis(self):
-        import redis
-
-        return redis.Redis.from_url(self.redis_url, **self.redis_kwargs())
+        return sync_client(self)
 
     def safe_dump(self) -> dict:
         """For logs and the config metric: no secrets, no URL password."""
-        d = self.model_dump(exclude={"redis_password"})
-        u = urlparse(self.redis_url)
-        if u.password:
-            d["redis_url"] = self.redis_url.replace(f":{u.password}@", ":***@")
-        return d
+        return {**self.model_dump(exclude={"redis_password"}), "redis_url": self.safe_url()}

@@ -9,6 +9,8 @@ import threading
 import time
 from typing import Optional
 
+from schemas.text import as_str
+
 from gpuworker.logging import get_logger
 from gpuworker.metrics import WorkerMetrics
 from gpuworker.service.context import WorkerContext
@@ -50,6 +52,7 @@ class Worker:
             lease_seconds=settings.lease_seconds,
             max_deliveries=settings.max_deliveries,
             reply_ttl=settings.reply_ttl,
+            live_ttl=settings.live_ttl,
             reply_maxlen=settings.reply_maxlen,
             log_prompts=settings.log_prompts,
         )
@@ -143,7 +146,7 @@ class Worker:
                 eid, _, _ = self.intake.local.get_nowait()
             except queue.Empty:
                 break
-            left.append(eid.decode() if isinstance(eid, bytes) else str(eid))
+            left.append(as_str(eid))
         try:
             self.lease.release(left)
             self.lease.leave()

@@ -42,10 +42,10 @@ def test_model_name_defaults(monkeypatch):
 def test_tls_and_acl_settings_reach_redis_py():
     s = WorkerSettings(redis_url="rediss://cache:6380/0", redis_username="inferq", redis_password="pw",
                        redis_tls_ca_certs="/etc/ca.pem")
-    kw = s.redis_kwargs()
+    kw = s.client_kwargs()
     assert kw["username"] == "inferq" and kw["password"] == "pw" and kw["ssl_ca_certs"] == "/etc/ca.pem"
     assert kw["socket_timeout"] > s.block_ms / 1000
-    assert "ssl_ca_certs" not in WorkerSettings(redis_tls_ca_certs="/etc/ca.pem").redis_kwargs()  # plain redis://
+    assert "ssl_ca_certs" not in WorkerSettings(redis_tls_ca_certs="/etc/ca.pem").client_kwargs()  # plain redis://
 
 
 def test_invalid_config_exits_2(capsys):

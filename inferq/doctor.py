@@ -192,7 +192,7 @@ def default_url() -> str:
 def cmd_doctor(args) -> int:
     from rich.table import Table
 
-    from producer.cli_common import err, out
+    from inferq.cli_common import err, out
 
     url = args.metrics_url or default_url()
     try:
