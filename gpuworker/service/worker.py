@@ -24,22 +24,9 @@ from gpuworker.service.state import InFlight
 
 
 def build_engine(s: WorkerSettings):
-    from gpuworker.config import EngineConfig
     from gpuworker.engine.llm_engine import LLMEngine
 
-    return LLMEngine(EngineConfig(
-        model=s.model or None,
-        served_model_name=s.model_name,
-        attention_backend=s.attention_backend,
-        block_size=s.block_size,
-        max_num_seqs=s.max_num_seqs,
-        max_num_batched_tokens=s.max_num_batched_tokens,
-        max_model_len=s.max_model_len,
-        num_kv_blocks=s.num_kv_blocks,
-        scheduling_policy="priority",  # jobs carry a priority; equal priorities are FCFS
-        dtype=s.dtype,
-        device=s.device,
-    ))
+    return LLMEngine(s.engine_config())
 
 
 class Worker:

@@ -67,3 +67,19 @@ def test_wrong_redis_password_fails_fast_with_clear_message(tmp_path):
         assert time.time() - t0 < 60  # before any model is loaded
     finally:
         server.stop()
+
+
+def test_every_setting_is_a_flag_and_engine_knobs_map_one_to_one(monkeypatch):
+    """Flags are generated from WorkerSettings; engine knobs keep the engine's defaults."""
+    from gpuworker.config import EngineConfig
+    from gpuworker.service.cli import NOT_FLAGS
+    from gpuworker.service.settings import ENGINE_KNOBS
+
+    for k in ENGINE_KNOBS:
+        monkeypatch.delenv(f"INFERQ_{k.upper()}", raising=False)
+    flags = {a.dest for a in parser()._actions}
+    assert set(WorkerSettings.model_fields) - NOT_FLAGS <= flags
+    assert "redis_password" not in flags  # secrets stay off the command line
+    cfg = _settings(["--max-num-batched-tokens", "512", "--block-size", "32"]).engine_config()
+    assert (cfg.max_num_batched_tokens, cfg.block_size, cfg.scheduling_policy) == (512, 32, "priority")
+    assert WorkerSettings().max_num_seqs == EngineConfig().max_num_seqs  # one default per knob
