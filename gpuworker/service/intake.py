@@ -24,7 +24,7 @@ from schemas.job import Job, job_payload
 from gpuworker.service import replies
 from gpuworker.service.batch import Batch, retrying
 from gpuworker.service.context import WorkerContext
-from gpuworker.service.engine_loop import Started
+from gpuworker.service.messages import AddJob, Started
 from gpuworker.service.prompts import PromptBuilder, PromptError
 from gpuworker.service.state import InFlight, JobState
 
@@ -237,7 +237,7 @@ class Intake(threading.Thread):
             self.to_publisher.put(Started(ready))
         for st in ready:
             self.inflight.add(st)
-            self.to_engine.put(("add", st))
+            self.to_engine.put(AddJob(st))
 
     def _reject(self, b: Batch, entry_id: str, raw, job_id: Optional[str], attempt: int, code: str, message: str) -> None:
         self.metrics.error(code)

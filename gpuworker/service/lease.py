@@ -22,6 +22,7 @@ import redis
 
 from schemas.text import as_str
 from gpuworker.service.context import WorkerContext
+from gpuworker.service.messages import DropJob
 from gpuworker.service.state import InFlight
 
 QUEUE_GAUGE_INTERVAL = 2.0
@@ -71,7 +72,7 @@ class LeaseKeeper(threading.Thread):
         pipe.execute()
 
     def refresh(self) -> None:
-        held = [st for st in self.inflight.snapshot() if not (st.finishing or st.dropped)]
+        held = [st for st in self.inflight.snapshot() if st.is_active]
         if not held:
             return
         rows = self.r.xpending_range(self.ctx.stream, self.ctx.group, min="-", max="+",
@@ -81,10 +82,9 @@ class LeaseKeeper(threading.Thread):
         if mine:
             self.r.xclaim(self.ctx.stream, self.ctx.group, self.ctx.consumer, 0, mine, justid=True)
         for st in held:
-            if st.entry_id not in owned and not (st.finishing or st.dropped) and self.inflight.get(st.id) is st:
+            if st.entry_id not in owned and self.inflight.get(st.id) is st and st.drop():
                 st.log.warning("lease_lost", entry_id=st.entry_id)
-                st.dropped = True
-                self.to_engine.put(("drop", st.id))
+                self.to_engine.put(DropJob(st.id))
 
     def reap(self) -> int:
         free = self.inflight.free()
