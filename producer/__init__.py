@@ -13,7 +13,8 @@ from producer.errors import (
     QueueUnavailable,
     RateLimited,
 )
-from producer.settings import ProducerSettings, RedisSettings
+from producer.settings import ProducerSettings
+from schemas.connection import RedisSettings
 
 __all__ = [
     "Producer",

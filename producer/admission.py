@@ -6,8 +6,9 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Optional
 
-from schemas import QueuedEvent, encode_event, keys
+from schemas import QueuedEvent, encode_event, keys, records
 from schemas.job import Job
+from schemas.text import as_str
 
 import redis.exceptions
 
@@ -38,24 +39,28 @@ def script_keys(job: Job, idempotency_key: Optional[str]) -> list[str]:
     ]
 
 
+def _counted(fields: dict) -> list:
+    flat = [x for kv in fields.items() for x in kv]
+    return [len(flat), *flat]
+
+
 def script_args(job: Job, idempotency_key: Optional[str], s: ProducerSettings) -> list:
-    queued = encode_event(QueuedEvent(attempt=0, seq=0, model=job.model))["data"]
+    queued = encode_event(QueuedEvent(attempt=0, seq=0, model=job.model))
+    info = records.info_queued(job.model, job.tenant, job.created_at, job.deadline)
     rate = s.rate_limit if job.tenant else 0.0
     return [
         job.id,
-        job.model_dump_json(exclude_none=True),
         s.max_backlog,
-        s.reply_ttl,
-        queued,
+        s.live_ttl,
         s.idempotency_ttl,
         repr(float(rate)),
         s.rate_burst or max(1, int(rate)),
-        job.model,
-        job.tenant or "",
-        repr(job.created_at),
         s.reply_maxlen,
         "1" if idempotency_key else "0",
-        "" if job.deadline is None else repr(job.deadline),
+        records.ENTRY_ID,
+        *_counted(job.to_fields()),
+        *_counted(queued),
+        *_counted(info),
     ]
 
 
@@ -69,19 +74,15 @@ def refused(job: Job, e: Exception) -> QueueUnavailable:
                             else "read-only replica")
 
 
-def _s(v) -> str:
-    return v.decode("utf-8") if isinstance(v, bytes) else str(v)
-
-
 def interpret(reply: list, job: Job, s: ProducerSettings) -> Admitted:
     """Turn the script's reply into an Admitted or the matching error."""
-    status = _s(reply[0])
+    status = as_str(reply[0])
     if status == "ok":
-        return Admitted(job.id, _s(reply[1]), int(_s(reply[2])), duplicate=False)
+        return Admitted(job.id, as_str(reply[1]), int(as_str(reply[2])), duplicate=False)
     if status == "dup":
-        return Admitted(_s(reply[1]), None, None, duplicate=True)
+        return Admitted(as_str(reply[1]), None, None, duplicate=True)
     if status == "full":
-        raise QueueFull(job.model, int(_s(reply[1])), s.max_backlog)
+        raise QueueFull(job.model, int(as_str(reply[1])), s.max_backlog)
     if status == "rate":
-        raise RateLimited(job.tenant or "", float(_s(reply[1])))
+        raise RateLimited(job.tenant or "", float(as_str(reply[1])))
     raise RuntimeError(f"unexpected admission reply: {reply!r}")

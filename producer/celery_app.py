@@ -12,34 +12,16 @@ from __future__ import annotations
 
 import os
 import ssl
-from urllib.parse import quote, urlparse, urlunparse
+from urllib.parse import urlparse
 
 from celery import Celery
 
 from producer.settings import ProducerSettings
 
 
-def _with_credentials(url: str, s: ProducerSettings) -> str:
-    """Put INFERQ_REDIS_USERNAME/PASSWORD into the URL (Celery reads only the URL)."""
-    u = urlparse(url)
-    if s.redis_password is None or u.password:
-        return url
-    user = quote(s.redis_username or "", safe="")
-    pw = quote(s.redis_password.get_secret_value(), safe="")
-    host = u.hostname or "localhost"
-    netloc = f"{user}:{pw}@{host}" + (f":{u.port}" if u.port else "")
-    return urlunparse(u._replace(netloc=netloc))
-
-
 def _ssl_options(s: ProducerSettings) -> dict:
-    opts = {"ssl_cert_reqs": ssl.CERT_NONE if s.redis_tls_insecure else ssl.CERT_REQUIRED}
-    if s.redis_tls_ca_certs:
-        opts["ssl_ca_certs"] = s.redis_tls_ca_certs
-    if s.redis_tls_certfile:
-        opts["ssl_certfile"] = s.redis_tls_certfile
-    if s.redis_tls_keyfile:
-        opts["ssl_keyfile"] = s.redis_tls_keyfile
-    return opts
+    # Celery wants ssl's constants where redis-py takes strings; the files are shared.
+    return {"ssl_cert_reqs": ssl.CERT_NONE if s.redis_tls_insecure else ssl.CERT_REQUIRED, **s.tls_files()}
 
 
 def beat_schedule() -> dict:
@@ -53,7 +35,7 @@ def beat_schedule() -> dict:
 
 def make_celery() -> Celery:
     s = ProducerSettings()
-    broker = os.environ.get("INFERQ_CELERY_BROKER_URL") or _with_credentials(s.redis_url, s)
+    broker = os.environ.get("INFERQ_CELERY_BROKER_URL") or s.url_with_credentials()
     backend = os.environ.get("INFERQ_CELERY_RESULT_BACKEND") or broker
     app = Celery("inferq", broker=broker, backend=backend, include=["producer.celery_tasks"])
     app.conf.update(

@@ -21,30 +21,19 @@ import time
 from typing import Optional
 
 from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from schemas import ErrorEvent, encode_event, keys
+from schemas import keys, records
+from schemas.job import job_payload
+from schemas.policy import QueuePolicy
+from schemas.text import as_str
 from schemas.events import TERMINAL_TYPES
 from producer.queue_stats import all_stats, discover_models
 
 
-class MaintenanceSettings(BaseSettings):
-    """Same INFERQ_* names as the worker's settings, so one .env serves both."""
+class MaintenanceSettings(QueuePolicy):
+    """The queue policy the workers use, plus how long exported stats live."""
 
-    model_config = SettingsConfigDict(env_prefix="INFERQ_", extra="ignore")
-    lease_seconds: float = Field(10.0, gt=0)
-    max_deliveries: int = Field(5, ge=1)
-    reply_ttl: int = Field(3600, ge=1)
-    worker_stale_seconds: float = Field(15.0, gt=0)
     stats_ttl: int = Field(300, ge=1)
-
-    @property
-    def min_idle_ms(self) -> int:
-        return int(3 * self.lease_seconds * 1000)
-
-
-def _s(v) -> str:
-    return v.decode("utf-8") if isinstance(v, bytes) else str(v)
 
 
 def stats_key(model: str) -> str:
@@ -53,7 +42,7 @@ def stats_key(model: str) -> str:
 
 def _live(r, model: str, stale_s: float) -> list[str]:
     cutoff = time.time() - stale_s
-    return [_s(w) for w in r.zrangebyscore(keys.workers(model), cutoff, "+inf")]
+    return [as_str(w) for w in r.zrangebyscore(keys.workers(model), cutoff, "+inf")]
 
 
 def _stale_entries(r, model: str, min_idle_ms: int, count: int = 1000) -> list[dict]:
@@ -70,7 +59,7 @@ def reclaim_stale(r, model: str, s: MaintenanceSettings) -> dict:
     moved = 0
     if live:
         orphaned = [row for row in _stale_entries(r, model, s.min_idle_ms)
-                    if _s(row["consumer"]) not in live and int(row["times_delivered"]) < s.max_deliveries]
+                    if as_str(row["consumer"]) not in live and int(row["times_delivered"]) < s.max_deliveries]
         for i, row in enumerate(orphaned):
             target = live[i % len(live)]
             r.xclaim(keys.jobs(model), keys.JOBS_GROUP, target, s.min_idle_ms, [row["message_id"]],
@@ -82,7 +71,7 @@ def reclaim_stale(r, model: str, s: MaintenanceSettings) -> dict:
     except Exception:
         consumers = []
     for c in consumers:
-        name = _s(c["name"])
+        name = as_str(c["name"])
         if name not in live and int(c.get("pending", 0)) == 0 and int(c.get("idle", 0)) > s.min_idle_ms:
             r.xgroup_delconsumer(keys.jobs(model), keys.JOBS_GROUP, name)
             removed += 1
@@ -96,28 +85,19 @@ def dead_letter_exceeded(r, model: str, s: MaintenanceSettings) -> int:
         delivered = int(row["times_delivered"])
         if delivered < s.max_deliveries:
             continue
-        eid = _s(row["message_id"])
+        eid = as_str(row["message_id"])
         found = r.xrange(stream, eid, eid)
-        raw = _s(found[0][1].get(b"job", found[0][1].get("job", ""))) if found else ""
+        raw = as_str(job_payload(found[0][1]) or "") if found else ""
         try:
             job_id = json.loads(raw).get("id", "") if raw else ""
         except ValueError:
             job_id = ""
         reason = f"delivered {delivered} times without finishing (max_deliveries={s.max_deliveries})"
         pipe = r.pipeline(transaction=True)
-        pipe.xadd(keys.dlq(model), {"job": raw, "job_id": job_id, "entry_id": eid, "code": "max_deliveries",
-                                    "reason": reason, "attempts": str(delivered), "worker": "celery-beat",
-                                    "failed_at": repr(time.time())})
-        if job_id:
-            # A higher attempt than any worker used, so readers accept it as final.
-            ev = ErrorEvent(attempt=delivered + 1, seq=0, code="max_deliveries", message=reason)
-            pipe.xadd(keys.reply(job_id), encode_event(ev))
-            pipe.expire(keys.reply(job_id), s.reply_ttl)
-            pipe.hset(keys.job_info(job_id), mapping={"status": "error", "error_code": "max_deliveries",
-                                                      "error_message": reason, "finished_at": repr(time.time())})
-            pipe.expire(keys.job_info(job_id), s.reply_ttl)
-        pipe.xack(stream, keys.JOBS_GROUP, eid)
-        pipe.xdel(stream, eid)
+        # A higher attempt than any worker used, so readers accept the error as final.
+        records.fail_job(pipe, model=model, entry_id=eid, raw=raw, job_id=job_id, attempt=delivered + 1, seq=0,
+                         code="max_deliveries", message=reason, worker="celery-beat", ttl_after_done=s.reply_ttl,
+                         reply_maxlen=s.reply_maxlen, deliveries=delivered)
         pipe.execute()
         n += 1
     return n
@@ -129,9 +109,9 @@ def expire_finished_replies(r, s: MaintenanceSettings, scan_count: int = 500) ->
         if r.ttl(key) != -1:
             continue  # already expiring (or gone)
         last = r.xrevrange(key, count=1)
-        if last and _s(last[0][1].get(b"type", last[0][1].get("type", ""))) in TERMINAL_TYPES:
+        if last and as_str(last[0][1].get(b"type", last[0][1].get("type", ""))) in TERMINAL_TYPES:
             r.expire(key, s.reply_ttl)
-            job_id = _s(key)[len(f"{keys.PREFIX}:reply:{{"):-1]
+            job_id = as_str(key)[len(f"{keys.PREFIX}:reply:{{"):-1]
             if r.ttl(keys.job_info(job_id)) == -1:
                 r.expire(keys.job_info(job_id), s.reply_ttl)
             n += 1

@@ -6,9 +6,13 @@ what it collected for earlier attempts.
 """
 from __future__ import annotations
 
+import json
+
 from typing import Annotated, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+from schemas.text import as_str
 
 
 class _Event(BaseModel):
@@ -90,12 +94,7 @@ def encode_event(event: BaseModel) -> dict[str, str]:
 
 
 def decode_event(fields: dict) -> ReplyEvent:
-    def s(v):
-        return v.decode("utf-8") if isinstance(v, bytes) else v
-
-    f = {s(k): s(v) for k, v in fields.items()}
-    import json
-
+    f = {as_str(k): as_str(v) for k, v in fields.items()}
     body = json.loads(f.get("data", "{}"))
     body["type"] = f["type"]
     return _adapter.validate_python(body)

@@ -57,13 +57,21 @@ class Job(BaseModel):
 
     # Redis stream entries are flat string maps: the job travels as one JSON field.
     def to_fields(self) -> dict[str, str]:
-        return {"job": self.model_dump_json(exclude_none=True)}
+        return {JOB_FIELD: self.model_dump_json(exclude_none=True)}
 
     @classmethod
     def from_fields(cls, fields: dict) -> "Job":
-        raw = fields.get("job") if "job" in fields else fields.get(b"job")
+        raw = job_payload(fields)
         if raw is None:
-            raise ValueError("stream entry has no 'job' field")
+            raise ValueError(f"stream entry has no '{JOB_FIELD}' field")
         if isinstance(raw, bytes):
-            raw = raw.decode("utf-8")
+            raw = raw.decode("utf-8")  # strict: invalid UTF-8 is the client's error
         return cls.model_validate_json(raw)
+
+
+JOB_FIELD = "job"
+
+
+def job_payload(fields: dict):
+    """The job's raw payload (bytes or str, exactly as stored) or None."""
+    return fields.get(JOB_FIELD) if JOB_FIELD in fields else fields.get(JOB_FIELD.encode())

@@ -1,6 +1,8 @@
 """Redis key names. Braces are Redis Cluster hash tags: every key of one job
 (reply stream, cancel flag) hashes to the same slot, and so does every key of
 one model's queue."""
+import os
+from typing import Optional
 
 JOBS_GROUP = "inferq-workers"
 PREFIX = "inferq"
@@ -41,3 +43,12 @@ def workers(model: str) -> str:
 
 # The name the bundled SmolLM2-135M-Instruct is served under.
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
+
+
+def served_name(model_path: Optional[str]) -> str:
+    """The queue name of a model a worker loads from ``model_path`` when no
+    served name is given: the bundled model's name, else the folder or file name."""
+    if not model_path:
+        return DEFAULT_MODEL
+    base = os.path.basename(os.path.normpath(model_path))
+    return base[:-5] if base.endswith(".gguf") else base

@@ -12,9 +12,9 @@ class WorkerContext:
     consumer: str
     lease_seconds: float
     max_deliveries: int
-    reply_ttl: int
+    reply_ttl: int  # a job's keys live this long after done/error
     reply_maxlen: int
-    job_ttl: int = 86_400  # status/reply keys of a job still running
+    live_ttl: int = 86_400  # ... and this long while it waits or runs
     log_prompts: bool = False
 
     @property

@@ -17,21 +17,18 @@ from typing import Optional
 import redis
 from pydantic import ValidationError
 
-from schemas import Usage, keys
-from schemas.job import Job
+from schemas.text import as_str
+from schemas import Usage, keys, records
+from schemas.job import Job, job_payload
 
 from gpuworker.service import replies
 from gpuworker.service.batch import REFUSING_WRITES, Batch, retrying
 from gpuworker.service.context import WorkerContext
-from gpuworker.service.engine_loop import Started
+from gpuworker.service.messages import AddJob, Started
 from gpuworker.service.prompts import PromptBuilder, PromptError
 from gpuworker.service.state import InFlight, JobState
 
 _ID_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
-
-
-def _s(v) -> str:
-    return v.decode("utf-8", errors="replace") if isinstance(v, bytes) else str(v)
 
 
 def salvage_job_id(raw: Optional[str]) -> Optional[str]:
@@ -134,7 +131,7 @@ class Intake(threading.Thread):
             entries = resp[0][1] if resp else []
             if not entries:
                 return
-            last = _s(entries[-1][0])
+            last = as_str(entries[-1][0])
             self.log.info("pending_reread", count=len(entries))
             self.admit(entries)
 
@@ -147,7 +144,7 @@ class Intake(threading.Thread):
                 break
             batch.append((entry_id, fields))
             if suspect:
-                flags[_s(entry_id)] = suspect
+                flags[as_str(entry_id)] = suspect
         if batch:
             self.admit(batch, flags)
 
@@ -160,22 +157,19 @@ class Intake(threading.Thread):
         held = {st.entry_id for st in snap}
         running = {st.id for st in snap}
         for entry_id, fields in entries:
-            entry_id = _s(entry_id)
+            entry_id = as_str(entry_id)
             if entry_id in held:
                 continue  # already running here (read twice): one copy is enough
             if not fields:  # deleted from the stream while pending: nothing left to do
                 b.xack(self.ctx.stream, self.ctx.group, entry_id)
                 continue
-            raw_b = fields.get(b"job", fields.get("job"))
+            raw_b = job_payload(fields)
             # ``raw`` is what the DLQ keeps: the payload's exact bytes.
-            raw = raw_b if raw_b is not None else json.dumps({_s(k): _s(v) for k, v in fields.items()})
-            text = _s(raw)
+            raw = raw_b if raw_b is not None else json.dumps({as_str(k): as_str(v) for k, v in fields.items()})
+            text = as_str(raw)
             try:
-                if raw_b is None:
-                    raise ValueError("stream entry has no 'job' field")
-                if isinstance(raw_b, bytes):
-                    raw_b.decode("utf-8")  # invalid UTF-8 is a client error, not a crash
-                job = Job.model_validate_json(text)
+                # Invalid UTF-8 or a missing field is a client error, not a crash.
+                job = Job.from_fields(fields)
             except Exception as e:
                 self._reject(b, entry_id, raw, salvage_job_id(text), 1, "invalid_job", describe(e))
                 continue
@@ -194,8 +188,8 @@ class Intake(threading.Thread):
         # One round trip: bump each job's attempt counter and read its cancel flag.
         idx = []
         for _, _, job in parsed:
-            idx.append((b.hincrby(keys.job_info(job.id), "attempt", 1), b.exists(keys.cancel(job.id))))
-            b.expire(keys.job_info(job.id), self.ctx.job_ttl)
+            idx.append((b.hincrby(keys.job_info(job.id), records.ATTEMPT, 1), b.exists(keys.cancel(job.id))))
+            b.expire(keys.job_info(job.id), self.ctx.live_ttl)
         res = b.send(self.r, give_up=self._give_up, log=self.log)
 
         now = time.time()
@@ -247,7 +241,7 @@ class Intake(threading.Thread):
             self.to_publisher.put(Started(ready))
         for st in ready:
             self.inflight.add(st)
-            self.to_engine.put(("add", st))
+            self.to_engine.put(AddJob(st))
 
     def _reject(self, b: Batch, entry_id: str, raw, job_id: Optional[str], attempt: int, code: str, message: str) -> None:
         self.metrics.error(code)

@@ -20,15 +20,14 @@ from typing import Callable, Optional
 
 import redis
 
+from schemas.text import as_str
+
 from gpuworker.service.batch import REFUSING_WRITES
 from gpuworker.service.context import WorkerContext
+from gpuworker.service.messages import DropJob
 from gpuworker.service.state import InFlight
 
 QUEUE_GAUGE_INTERVAL = 2.0
-
-
-def _s(v) -> str:
-    return v.decode() if isinstance(v, bytes) else str(v)
 
 
 class LeaseKeeper(threading.Thread):
@@ -77,20 +76,19 @@ class LeaseKeeper(threading.Thread):
         pipe.execute()
 
     def refresh(self) -> None:
-        held = [st for st in self.inflight.snapshot() if not (st.finishing or st.dropped)]
+        held = [st for st in self.inflight.snapshot() if st.is_active]
         if not held:
             return
         rows = self.r.xpending_range(self.ctx.stream, self.ctx.group, min="-", max="+",
                                      count=max(1000, 4 * len(held)), consumername=self.ctx.consumer)
-        owned = {_s(row["message_id"]) for row in rows}
+        owned = {as_str(row["message_id"]) for row in rows}
         mine = [st.entry_id for st in held if st.entry_id in owned]
         if mine:
             self.r.xclaim(self.ctx.stream, self.ctx.group, self.ctx.consumer, 0, mine, justid=True)
         for st in held:
-            if st.entry_id not in owned and not (st.finishing or st.dropped) and self.inflight.get(st.id) is st:
+            if st.entry_id not in owned and self.inflight.get(st.id) is st and st.drop():
                 st.log.warning("lease_lost", entry_id=st.entry_id)
-                st.dropped = True
-                self.to_engine.put(("drop", st.id))
+                self.to_engine.put(DropJob(st.id))
 
     def reap(self) -> int:
         free = self.inflight.free()
@@ -98,7 +96,7 @@ class LeaseKeeper(threading.Thread):
             return 0
         resp = self.r.xautoclaim(self.ctx.stream, self.ctx.group, self.ctx.consumer, self.min_idle_ms,
                                  start_id=self._cursor, count=free)
-        self._cursor = _s(resp[0])
+        self._cursor = as_str(resp[0])
         claimed = [(eid, fields) for eid, fields in resp[1]]
         if claimed:
             self.metrics.reclaimed.inc(len(claimed))

@@ -7,11 +7,10 @@ from typing import Optional
 
 from pydantic import BaseModel
 
-from schemas import DoneEvent, ErrorEvent, RestartedEvent, StartedEvent, Timings, Usage, encode_event, keys
+from schemas import DoneEvent, RestartedEvent, StartedEvent, Timings, Usage, encode_event, keys, records
 
 from gpuworker.service.batch import Batch
 from gpuworker.service.context import WorkerContext
-from gpuworker.service.dlq import dead_letter
 from gpuworker.service.state import JobState
 
 
@@ -33,19 +32,8 @@ def start(b: Batch, ctx: WorkerContext, st: JobState) -> None:
     if st.attempt > 1:
         add_event(b, ctx, st.id, RestartedEvent(attempt=st.attempt, seq=st.next_seq(), reason="redelivered"))
     add_event(b, ctx, st.id, StartedEvent(attempt=st.attempt, seq=st.next_seq(), worker=ctx.consumer))
-    b.hset(keys.job_info(st.id), mapping={
-        "status": "running", "worker": ctx.consumer, "attempt": st.attempt, "started_at": repr(st.received_at),
-        "model": st.job.model, "tenant": st.job.tenant or "",
-    })
-    b.expire(keys.reply(st.id), ctx.job_ttl)
-    b.expire(keys.job_info(st.id), ctx.job_ttl)
-
-
-def _close(b: Batch, ctx: WorkerContext, job_id: str, status: dict) -> None:
-    b.hset(keys.job_info(job_id), mapping={**status, "finished_at": repr(time.time())})
-    b.expire(keys.job_info(job_id), ctx.reply_ttl)
-    b.expire(keys.reply(job_id), ctx.reply_ttl)
-    b.delete(keys.cancel(job_id))
+    records.mark_running(b, st.id, records.info_running(ctx.consumer, st.attempt, st.received_at, st.job.model,
+                                                        st.job.tenant), ctx.live_ttl)
 
 
 def finish(b: Batch, ctx: WorkerContext, st: JobState, reason: str, usage: Usage, now: Optional[float] = None) -> DoneEvent:
@@ -61,9 +49,9 @@ def finish(b: Batch, ctx: WorkerContext, st: JobState, reason: str, usage: Usage
         ),
     )
     add_event(b, ctx, st.id, ev)
-    status = "cancelled" if (reason == "abort" and st.cancel_requested) else "done"
-    _close(b, ctx, st.id, {"status": status, "finish_reason": reason,
-                           "prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens})
+    status = records.CANCELLED if (reason == "abort" and st.cancel_requested) else records.DONE
+    records.close_job(b, st.id, records.info_done(status, reason, usage.prompt_tokens, usage.completion_tokens),
+                      ctx.reply_ttl)
     b.xack(ctx.stream, ctx.group, st.entry_id)
     b.xdel(ctx.stream, st.entry_id)
     return ev
@@ -72,7 +60,6 @@ def finish(b: Batch, ctx: WorkerContext, st: JobState, reason: str, usage: Usage
 def fail(b: Batch, ctx: WorkerContext, *, entry_id: str, raw, job_id: Optional[str], attempt: int,
          seq: int, code: str, message: str) -> None:
     """``error`` event (when the job id is known), DLQ copy, ack + delete."""
-    if job_id:
-        add_event(b, ctx, job_id, ErrorEvent(attempt=attempt, seq=seq, code=code, message=message))
-        _close(b, ctx, job_id, {"status": "error", "error_code": code, "error_message": message[:1000]})
-    dead_letter(b, ctx, entry_id=entry_id, raw=raw, job_id=job_id or "", code=code, reason=message, attempts=attempt)
+    records.fail_job(b, model=ctx.model, entry_id=entry_id, raw=raw, job_id=job_id, attempt=attempt, seq=seq,
+                     code=code, message=message, worker=ctx.consumer, ttl_after_done=ctx.reply_ttl,
+                     reply_maxlen=ctx.reply_maxlen)

@@ -10,6 +10,7 @@ import time
 from typing import Optional
 
 from schemas.redis_checks import queue_warnings
+from schemas.text import as_str
 
 from gpuworker.logging import get_logger
 from gpuworker.metrics import WorkerMetrics
@@ -24,22 +25,9 @@ from gpuworker.service.state import InFlight
 
 
 def build_engine(s: WorkerSettings):
-    from gpuworker.config import EngineConfig
     from gpuworker.engine.llm_engine import LLMEngine
 
-    return LLMEngine(EngineConfig(
-        model=s.model or None,
-        served_model_name=s.model_name,
-        attention_backend=s.attention_backend,
-        block_size=s.block_size,
-        max_num_seqs=s.max_num_seqs,
-        max_num_batched_tokens=s.max_num_batched_tokens,
-        max_model_len=s.max_model_len,
-        num_kv_blocks=s.num_kv_blocks,
-        scheduling_policy="priority",  # jobs carry a priority; equal priorities are FCFS
-        dtype=s.dtype,
-        device=s.device,
-    ))
+    return LLMEngine(s.engine_config())
 
 
 class Worker:
@@ -52,6 +40,7 @@ class Worker:
             lease_seconds=settings.lease_seconds,
             max_deliveries=settings.max_deliveries,
             reply_ttl=settings.reply_ttl,
+            live_ttl=settings.live_ttl,
             reply_maxlen=settings.reply_maxlen,
             log_prompts=settings.log_prompts,
         )
@@ -148,7 +137,7 @@ class Worker:
                 eid, _, _ = self.intake.local.get_nowait()
             except queue.Empty:
                 break
-            left.append(eid.decode() if isinstance(eid, bytes) else str(eid))
+            left.append(as_str(eid))
         try:
             self.lease.release(left)
             self.lease.leave()

@@ -13,8 +13,9 @@ from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from schemas import SamplingParams, keys
+from schemas import SamplingParams, keys, records
 from schemas.events import TERMINAL_TYPES
+from schemas.text import as_str
 from producer.gateway import sse
 from producer.gateway.auth import authenticate, can_access
 from producer.gateway.config import Principal
@@ -42,7 +43,7 @@ class JobRequest(BaseModel):
     metadata: dict[str, Any] = Field(default_factory=dict)
 
 
-async def _owned_job(ctx: Context, principal: Principal, job_id: str) -> dict[str, str]:
+async def _owned_job(ctx: Context, principal: Principal, job_id: str) -> dict:
     """The job's info hash, or 404 (also for another tenant's job: no leaking ids)."""
     info = await ctx.backend.info(job_id)
     if info is None or not can_access(principal, info.get("tenant") or None):
@@ -82,7 +83,7 @@ async def get_job(job_id: str, request: Request, principal: Principal = Depends(
     info = await _owned_job(ctx, principal, job_id)
     asm = await ctx.backend.history(job_id)
     recorded = info.get("status")
-    if recorded in ("done", "error", "cancelled"):
+    if recorded in records.FINAL_STATUSES:
         status = recorded  # the worker's own verdict (it knows a cancel from a plain abort)
     elif asm.error_code is not None:
         status = "error"
@@ -119,9 +120,8 @@ async def job_events(job_id: str, request: Request, principal: Principal = Depen
     # Already past the terminal event: nothing more will ever come.
     last = await ctx.backend.redis.xrevrange(keys.reply(job_id), count=1)
     if last:
-        last_id = last[0][0].decode() if isinstance(last[0][0], bytes) else last[0][0]
-        last_type = last[0][1].get(b"type", last[0][1].get("type"))
-        last_type = last_type.decode() if isinstance(last_type, bytes) else last_type
+        last_id = as_str(last[0][0])
+        last_type = as_str(last[0][1].get(b"type", last[0][1].get("type", "")))
         if last_type in TERMINAL_TYPES and _id_le(last_id, start):
             return StreamingResponse(iter(()), media_type="text/event-stream", headers=sse.SSE_HEADERS)
     return StreamingResponse(_events(ctx, job_id, start), media_type="text/event-stream", headers=sse.SSE_HEADERS)

@@ -11,7 +11,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from producer.gateway import openai_format as fmt
 from producer.gateway import sse
-from producer.gateway.assemble import Assembly
+from schemas.fold import Assembly
 from producer.gateway.auth import authenticate
 from producer.gateway.config import Principal, allowed_models
 from producer.gateway.errors import APIError, bad_request

@@ -14,7 +14,7 @@ from pydantic import ValidationError
 from schemas import Job
 from producer.errors import QueueFull, QueueUnavailable, RateLimited
 
-from producer.gateway.assemble import Assembly, Piece
+from schemas.fold import Assembly, Piece
 from producer.gateway.backend import Backend
 from producer.gateway.config import GatewaySettings, allowed_models
 from producer.gateway.errors import APIError, bad_request

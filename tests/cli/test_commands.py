@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def inferq(stack_url, *args, timeout=120, input=None):
     env = env_without("INFERQ_REDIS_URL", INFERQ_REDIS_URL=stack_url, PYTHONPATH=str(ROOT), COLUMNS="200")
-    return subprocess.run([sys.executable, "-m", "producer.cli", *args], env=env, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "inferq.cli", *args], env=env, capture_output=True,
                           text=True, timeout=timeout, input=input)
 
 
@@ -144,7 +144,7 @@ def test_worker_command_passes_flags_through(stack):
 def test_gateway_command_serves_and_stops_on_sigterm(stack):
     port = free_port()
     env = env_without("INFERQ_REDIS_URL", INFERQ_REDIS_URL=stack.url, PYTHONPATH=str(ROOT))
-    proc = subprocess.Popen([sys.executable, "-m", "producer.cli", "gateway", "--port", str(port)], env=env,
+    proc = subprocess.Popen([sys.executable, "-m", "inferq.cli", "gateway", "--port", str(port)], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         end = time.monotonic() + 30

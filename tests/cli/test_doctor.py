@@ -1,5 +1,5 @@
 """The doctor's reading of worker metrics: which limit binds, and the advice."""
-from producer.doctor import Sample, diagnose, parse_metrics
+from inferq.doctor import Sample, diagnose, parse_metrics
 
 CONFIG = {"max_num_seqs": "64", "max_num_batched_tokens": "2048", "num_kv_blocks": "1000", "block_size": "16"}
 

@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def inferq_cmd() -> list[str]:
     exe = shutil.which("inferq")
-    return [exe] if exe else [sys.executable, "-m", "producer.cli"]
+    return [exe] if exe else [sys.executable, "-m", "inferq.cli"]
 
 
 @pytest.mark.slow

@@ -58,7 +58,7 @@ def test_submit_enqueues_job_and_queued_event(p, r):
     assert job.priority == 3 and job.tenant == "acme" and job.metadata == {"a": 1}
     reply = r.xrange(keys.reply(h.id))
     assert reply[0][1][b"type"] == b"queued"
-    assert 0 < r.ttl(keys.reply(h.id)) <= p.settings.reply_ttl
+    assert 0 < r.ttl(keys.reply(h.id)) <= p.settings.live_ttl
     st = h.status()
     assert st["status"] == "queued" and st["model"] == MODEL and st["tenant"] == "acme" and st["attempt"] == 0
     assert st["entry_id"] == entries[0][0].decode()

@@ -7,12 +7,11 @@ import time
 from rich.table import Table
 
 from schemas import Job, keys
-from producer.cli_common import err, friendly_errors, out, producer, safe_url
+from schemas.records import DeadLetter
+from schemas.text import as_str
+from inferq.cli_common import err, friendly_errors, out, producer
+from schemas.connection import redact_url
 from producer.queue_stats import all_stats, discover_models
-
-
-def _s(v) -> str:
-    return v.decode("utf-8") if isinstance(v, bytes) else str(v)
 
 
 @friendly_errors
@@ -22,7 +21,7 @@ def cmd_status(args) -> int:
     if args.json:
         out.print(json.dumps([s.as_dict() for s in stats], indent=2), markup=False)
         return 0
-    out.print(f"Redis: {safe_url(p.settings.redis_url)}")
+    out.print(f"Redis: {redact_url(p.settings.redis_url)}")
     if not stats:
         out.print("no models yet: no job submitted and no worker registered")
         return 0
@@ -56,7 +55,8 @@ def _models(p, model):
 
 def _entries(p, model, count=None):
     rows = p.redis.xrange(keys.dlq(model), count=count) if count else p.redis.xrange(keys.dlq(model))
-    return [(_s(eid), {_s(k): _s(v) for k, v in f.items()}) for eid, f in rows]
+    # Shown as the strings they are stored as (records.DeadLetter is the one reader).
+    return [(as_str(eid), DeadLetter.from_fields(f).to_fields()) for eid, f in rows]
 
 
 @friendly_errors
@@ -80,7 +80,7 @@ def cmd_dlq(args) -> int:
         for col in ("model", "dlq id", "job id", "code", "reason", "attempts", "failed"):
             t.add_column(col, overflow="fold")
         for r in rows:
-            age = f"{time.time() - float(r['failed_at']):.0f}s ago" if r["failed_at"] else "-"
+            age = f"{time.time() - float(r['failed_at']):.0f}s ago" if float(r["failed_at"] or 0) else "-"
             t.add_row(r["model"], r["dlq_id"], r["job_id"] or "-", r["code"], r["reason"][:120], r["attempts"], age)
         out.print(t)
         return 0

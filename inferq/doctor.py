@@ -192,7 +192,7 @@ def default_url() -> str:
 def cmd_doctor(args) -> int:
     from rich.table import Table
 
-    from producer.cli_common import err, out
+    from inferq.cli_common import err, out
 
     url = args.metrics_url or default_url()
     try:
@@ -226,7 +226,8 @@ def cmd_doctor(args) -> int:
 def redis_warnings() -> list[str]:
     """The queue's Redis (INFERQ_REDIS_URL) checked for eviction and persistence."""
     from schemas.redis_checks import queue_warnings
-    from producer.settings import ProducerSettings, sync_client
+    from schemas.connection import sync_client
+    from producer.settings import ProducerSettings
 
     r = sync_client(ProducerSettings())
     try:

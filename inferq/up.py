@@ -21,8 +21,8 @@ from typing import Optional
 from rich.console import Console
 
 from schemas import keys
-from producer.cli_common import safe_url
-from producer.embedded_redis import EmbeddedRedis, EmbeddedRedisError, free_port, port_is_free, stored_password
+from schemas.connection import redact_url
+from inferq.embedded_redis import EmbeddedRedis, EmbeddedRedisError, free_port, port_is_free, stored_password
 
 DEFAULT_GATEWAY_PORT = 8000
 DEFAULT_REDIS_PORT = 6379
@@ -50,14 +50,6 @@ class UpOptions:
                    api_keys=a.api_keys, worker_args=list(a.worker_arg))
 
 
-def served_name(model: Optional[str]) -> str:
-    """The queue name a worker uses for ``model`` (same rule as the worker's settings)."""
-    if not model:
-        return keys.DEFAULT_MODEL
-    base = os.path.basename(os.path.normpath(model))
-    return base[:-5] if base.endswith(".gguf") else base
-
-
 def _pick_port(wanted: Optional[int], default: int, host: str = "127.0.0.1") -> int:
     if wanted is not None:
         return wanted if wanted else free_port(host)
@@ -65,13 +57,10 @@ def _pick_port(wanted: Optional[int], default: int, host: str = "127.0.0.1") -> 
 
 
 def _redis_reachable(url: str) -> bool:
-    from producer.settings import RedisSettings
-
-    import redis
+    from schemas.connection import RedisSettings, sync_client
 
     try:
-        s = RedisSettings(redis_url=url)
-        r = redis.Redis.from_url(url, **{**s.client_kwargs(), "socket_connect_timeout": 2, "socket_timeout": 2})
+        r = sync_client(RedisSettings(redis_url=url, socket_connect_timeout=2, socket_timeout=2))
         ok = bool(r.ping())
         r.close()
         return ok
@@ -126,7 +115,7 @@ class Supervisor:
         self.gateway: Optional[Child] = None
         self.stop_event = threading.Event()
         self._stopping = False
-        self.model = opts.served_model_name or served_name(opts.model)
+        self.model = opts.served_model_name or keys.served_name(opts.model)
 
     # -- start ----------------------------------------------------------
     def start_redis(self) -> None:
@@ -134,9 +123,9 @@ class Supervisor:
         if url:
             if _redis_reachable(url):
                 self.redis_url = url
-                self.console.print(f"[green]✓[/green] Redis at {safe_url(url)} (from INFERQ_REDIS_URL)")
+                self.console.print(f"[green]✓[/green] Redis at {redact_url(url)} (from INFERQ_REDIS_URL)")
                 return
-            self.console.print(f"[yellow]![/yellow] INFERQ_REDIS_URL={safe_url(url)} is not reachable; "
+            self.console.print(f"[yellow]![/yellow] INFERQ_REDIS_URL={redact_url(url)} is not reachable; "
                                "starting an embedded Redis instead")
         self._lock_data_dir()
         port = _pick_port(self.opts.redis_port, DEFAULT_REDIS_PORT)
@@ -145,7 +134,7 @@ class Supervisor:
         redis_dir = self.data_dir / "redis"
         self.redis = EmbeddedRedis(redis_dir, port=port, password=stored_password(redis_dir)).start()
         self.redis_url = self.redis.url
-        self.console.print(f"[green]✓[/green] embedded Redis {safe_url(self.redis.url)} (AOF in {self.redis.data_dir}, "
+        self.console.print(f"[green]✓[/green] embedded Redis {redact_url(self.redis.url)} (AOF in {self.redis.data_dir}, "
                            f"password in {redis_dir / 'password'})")
 
     def _lock_data_dir(self) -> None:

@@ -1,8 +1,11 @@
-"""Fold a job's reply events into its result, attempt by attempt.
+"""The pure core of reading a reply stream: which events count, and what they add up to.
 
-A redelivered job starts over (`restarted`); its new output replaces the old
-one. For clients that already received text (an OpenAI stream cannot take text
-back) ``feed`` returns only what goes beyond what was already shown.
+``ReplyFilter`` accepts the events of the attempt a reader follows: a higher
+attempt (or its ``restarted`` event) raises the accepted attempt, and events of
+lower attempts or repeated ``(attempt, seq)`` pairs are dropped. ``Assembly``
+folds accepted events into the job's output, starting over on each new attempt;
+for readers that already showed text (an OpenAI stream cannot take text back)
+``feed`` returns only what goes beyond what was shown. No I/O here.
 """
 from __future__ import annotations
 
@@ -10,7 +13,30 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from schemas.events import TERMINAL_TYPES
-from producer.client import ReplyFilter
+
+
+class ReplyFilter:
+    """Drops entries of superseded attempts and repeated (attempt, seq) pairs,
+    which a retried publish or a worker that lost its lease may leave behind."""
+
+    def __init__(self) -> None:
+        self.attempt = 0
+        self.last_seq = -1
+
+    def accept(self, ev) -> bool:
+        if ev.attempt < self.attempt:
+            return False
+        if ev.attempt > self.attempt:
+            self.attempt, self.last_seq = ev.attempt, ev.seq
+            return True
+        if ev.seq <= self.last_seq:
+            return False
+        self.last_seq = ev.seq
+        return True
+
+
+def is_final(ev) -> bool:
+    return ev.type in TERMINAL_TYPES
 
 
 @dataclass
@@ -28,9 +54,11 @@ class Assembly:
     text: str = ""
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[dict[int, float]] = field(default_factory=list)
+    has_logprobs: bool = False  # the attempt sent logprobs (possibly none yet)
     finish_reason: Optional[str] = None
     usage: Optional[dict] = None
     timings: Optional[dict] = None
+    done: Optional[object] = None  # the accepted DoneEvent
     error_code: Optional[str] = None
     error_message: Optional[str] = None
     worker: Optional[str] = None
@@ -54,10 +82,12 @@ class Assembly:
         elif kind == "delta":
             self.text += event.text
             self.token_ids += event.token_ids
-            if event.logprobs:
+            if event.logprobs is not None:
+                self.has_logprobs = True
                 self.logprobs += event.logprobs
             return self._unshown()
         elif kind == "done":
+            self.done = event
             self.finish_reason = event.finish_reason
             self.usage = event.usage.model_dump()
             self.timings = event.timings.model_dump()
@@ -73,7 +103,7 @@ class Assembly:
         if self.text or self.token_ids:
             self.restarts += 1
         self.attempt = attempt
-        self.text, self.token_ids, self.logprobs = "", [], []
+        self.text, self.token_ids, self.logprobs, self.has_logprobs = "", [], [], False
 
     def _unshown(self) -> Optional[Piece]:
         if len(self.text) <= self.shown_chars and len(self.token_ids) <= self.shown_tokens:

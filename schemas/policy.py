@@ -1,0 +1,23 @@
+"""The queue's delivery policy: knobs the producer, the worker and the
+housekeeping tasks must agree on, so they are defined once (same INFERQ_*
+names everywhere, one .env serves all)."""
+from __future__ import annotations
+
+from pydantic import Field
+
+from schemas.connection import RedisSettings
+
+
+class QueuePolicy(RedisSettings):
+    lease_seconds: float = Field(10.0, gt=0.0, description="Lease of an in-flight job; the reaper claims entries idle for 3 leases.")
+    max_deliveries: int = Field(5, ge=1, description="Deliveries before a job goes to the DLQ.")
+    # Two lifetimes of a job's keys (reply stream, job-info hash, cancel flag):
+    live_ttl: int = Field(86_400, ge=1, description="Seconds a job's keys live while it waits or runs.")
+    reply_ttl: int = Field(3600, ge=1, description="Seconds a job's reply stream and status live after done/error.")
+    reply_maxlen: int = Field(20_000, ge=100, description="Approximate MAXLEN of a reply stream.")
+    worker_stale_seconds: float = Field(15.0, gt=0.0, description="A worker whose heartbeat is older is treated as gone.")
+
+    @property
+    def min_idle_ms(self) -> int:
+        """Idle time after which a pending entry counts as abandoned (3 leases)."""
+        return int(3 * self.lease_seconds * 1000)
