@@ -282,6 +282,10 @@ def check_consistency(objs: list[dict]) -> None:
     assert by_mode["pendingEntriesCount"]["metadata"]["pendingEntriesCount"] == per_replica
     assert by_mode["streamLength"]["metadata"]["streamLength"] == per_replica
 
+    # KEDA's HPA owns the worker count: a `replicas` here would be re-applied on
+    # every `kubectl apply` (and drain workers until KEDA scales back).
+    assert "replicas" not in worker["spec"]
+
     # Worker: GPU, identity, probes on the metrics port the worker serves.
     res = wc["resources"]
     assert res["requests"]["nvidia.com/gpu"] == res["limits"]["nvidia.com/gpu"] == "1"
