@@ -370,3 +370,36 @@ def test_docs_name_the_secret_the_manifests_use():
     assert "create secret generic inferq-redis --from-literal=password=" in doc
     for k in KUSTOMIZATIONS[1:]:
         assert f"kubectl apply -k deploy/kubernetes/{k}" in doc
+
+
+def test_crd_to_schema_conversion_is_strict():
+    """scripts/keda_crd_schema.py: what makes the KEDA schemas above strict."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("keda_crd_schema", ROOT / "scripts" / "keda_crd_schema.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    crd = {
+        "metadata": {"name": "things.example.com"},
+        "spec": {"group": "example.com", "names": {"kind": "Thing"}, "versions": [{"name": "v1", "schema": {
+            "openAPIV3Schema": {"type": "object", "properties": {
+                "apiVersion": {"type": "string"}, "kind": {"type": "string"}, "metadata": {"type": "object"},
+                "spec": {"type": "object", "description": "d", "properties": {
+                    "count": {"x-kubernetes-int-or-string": True},
+                    "labels": {"type": "object", "additionalProperties": {"type": "string"}},
+                    "free": {"type": "object", "x-kubernetes-preserve-unknown-fields": True,
+                             "properties": {"a": {"type": "string"}}},
+                }},
+                "status": {"type": "object"},
+            }}}}]},
+    }
+    schema = mod.convert(crd, "test")
+    v = jsonschema.Draft202012Validator(schema)
+    ok = {"apiVersion": "example.com/v1", "kind": "Thing", "metadata": {"name": "x"},
+          "spec": {"count": "50%", "labels": {"any": "thing"}, "free": {"a": "1", "b": 2}}}
+    assert list(v.iter_errors(ok)) == []
+    assert not v.is_valid({**ok, "spec": {**ok["spec"], "countt": 1}})      # strict object
+    assert not v.is_valid({**ok, "spec": {**ok["spec"], "count": 1.5}})     # int-or-string
+    assert not v.is_valid({**ok, "status": {}})                             # status dropped
+    assert not v.is_valid({**ok, "kind": "Other"})
+    assert "description" not in json.dumps(schema)
