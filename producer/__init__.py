@@ -10,6 +10,7 @@ from producer.errors import (
     JobNotFound,
     JobRestarted,
     QueueFull,
+    QueueUnavailable,
     RateLimited,
 )
 from producer.settings import ProducerSettings, RedisSettings
@@ -22,6 +23,7 @@ __all__ = [
     "JobResult",
     "InferqError",
     "QueueFull",
+    "QueueUnavailable",
     "RateLimited",
     "JobFailed",
     "JobNotFound",

@@ -9,7 +9,9 @@ from typing import Optional
 from schemas import QueuedEvent, encode_event, keys
 from schemas.job import Job
 
-from producer.errors import QueueFull, RateLimited
+import redis.exceptions
+
+from producer.errors import QueueFull, QueueUnavailable, RateLimited
 from producer.settings import ProducerSettings
 
 ADMISSION_LUA = resources.files("producer").joinpath("admission.lua").read_text(encoding="utf-8")
@@ -55,6 +57,16 @@ def script_args(job: Job, idempotency_key: Optional[str], s: ProducerSettings) -
         "1" if idempotency_key else "0",
         "" if job.deadline is None else repr(job.deadline),
     ]
+
+
+# Redis up but not writing (OOM under noeviction, a read-only replica): the job
+# was not enqueued, which the caller hears as a full queue, not as a crash.
+REFUSING_WRITES = (redis.exceptions.OutOfMemoryError, redis.exceptions.ReadOnlyError)
+
+
+def refused(job: Job, e: Exception) -> QueueUnavailable:
+    return QueueUnavailable(job.model, "out of memory" if isinstance(e, redis.exceptions.OutOfMemoryError)
+                            else "read-only replica")
 
 
 def _s(v) -> str:

@@ -18,7 +18,8 @@ import redis
 from schemas import decode_event, keys
 from schemas.events import TERMINAL_TYPES
 
-from producer.admission import ADMISSION_LUA, Admitted, interpret, script_args, script_keys
+from producer.admission import (ADMISSION_LUA, REFUSING_WRITES, Admitted, interpret, refused, script_args,
+                                script_keys)
 from producer.client import (
     FINAL_STATUSES,
     JobResult,
@@ -149,7 +150,11 @@ class AsyncProducer:
 
     async def submit(self, prompt: Optional[str] = None, *, idempotency_key: Optional[str] = None, **kw: Any) -> AsyncJobHandle:
         job = build_job(self.default_model, prompt, idempotency_key=idempotency_key, **kw)
-        reply = await self._admit(keys=script_keys(job, idempotency_key), args=script_args(job, idempotency_key, self.settings))
+        try:
+            reply = await self._admit(keys=script_keys(job, idempotency_key),
+                                      args=script_args(job, idempotency_key, self.settings))
+        except REFUSING_WRITES as e:
+            raise refused(job, e) from None
         adm: Admitted = interpret(reply, job, self.settings)
         return AsyncJobHandle(self, adm.job_id, entry_id=adm.entry_id, duplicate=adm.duplicate)
 

@@ -22,7 +22,8 @@ from schemas import SamplingParams, Timings, Usage, decode_event, keys
 from schemas.events import TERMINAL_TYPES
 from schemas.job import ChatMessage, Job
 
-from producer.admission import ADMISSION_LUA, Admitted, interpret, script_args, script_keys
+from producer.admission import (ADMISSION_LUA, REFUSING_WRITES, Admitted, interpret, refused, script_args,
+                                script_keys)
 from producer.errors import JobFailed, JobNotFound, JobRestarted
 from producer.settings import ProducerSettings, sync_client
 
@@ -349,7 +350,11 @@ class Producer:
         """Validate and enqueue one job. Raises ValueError (pydantic ValidationError)
         for bad input, QueueFull when the backlog is at its bound, RateLimited."""
         job = build_job(self.default_model, prompt, idempotency_key=idempotency_key, **kw)
-        reply = self._admit(keys=script_keys(job, idempotency_key), args=script_args(job, idempotency_key, self.settings))
+        try:
+            reply = self._admit(keys=script_keys(job, idempotency_key),
+                                args=script_args(job, idempotency_key, self.settings))
+        except REFUSING_WRITES as e:
+            raise refused(job, e) from None
         adm: Admitted = interpret(reply, job, self.settings)
         return JobHandle(self, adm.job_id, entry_id=adm.entry_id, duplicate=adm.duplicate)
 

@@ -205,8 +205,9 @@ def cmd_doctor(args) -> int:
                   "Pass --metrics-url http://HOST:PORT/metrics (the worker's --metrics-port).")
         return 1
     report = diagnose(before, after)
+    redis_advice = redis_warnings()
     if args.json:
-        out.print(json.dumps(report.as_dict(), indent=2), markup=False)
+        out.print(json.dumps({**report.as_dict(), "redis_warnings": redis_advice}, indent=2), markup=False)
         return 0
     t = Table(title=f"worker at {url}")
     t.add_column("reading")
@@ -217,4 +218,20 @@ def cmd_doctor(args) -> int:
     for f in report.findings:
         colour = "green" if f.limit == "none" else "yellow"
         out.print(f"[bold {colour}]{f.summary}[/bold {colour}]\n  → {f.advice}")
+    for w in redis_advice:
+        out.print(f"[bold yellow]Redis:[/bold yellow] {w}")
     return 0
+
+
+def redis_warnings() -> list[str]:
+    """The queue's Redis (INFERQ_REDIS_URL) checked for eviction and persistence."""
+    from schemas.redis_checks import queue_warnings
+    from producer.settings import ProducerSettings, sync_client
+
+    r = sync_client(ProducerSettings())
+    try:
+        return queue_warnings(r)
+    except Exception as e:
+        return [f"cannot reach Redis to check its configuration: {e}"]
+    finally:
+        r.close()

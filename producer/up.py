@@ -22,7 +22,7 @@ from rich.console import Console
 
 from schemas import keys
 from producer.cli_common import safe_url
-from producer.embedded_redis import EmbeddedRedis, EmbeddedRedisError, free_port, port_is_free
+from producer.embedded_redis import EmbeddedRedis, EmbeddedRedisError, free_port, port_is_free, stored_password
 
 DEFAULT_GATEWAY_PORT = 8000
 DEFAULT_REDIS_PORT = 6379
@@ -140,9 +140,13 @@ class Supervisor:
                                "starting an embedded Redis instead")
         self._lock_data_dir()
         port = _pick_port(self.opts.redis_port, DEFAULT_REDIS_PORT)
-        self.redis = EmbeddedRedis(self.data_dir / "redis", port=port).start()
+        # A random password of its own (kept with its data): no other local user
+        # or process can read or write the queue.
+        redis_dir = self.data_dir / "redis"
+        self.redis = EmbeddedRedis(redis_dir, port=port, password=stored_password(redis_dir)).start()
         self.redis_url = self.redis.url
-        self.console.print(f"[green]✓[/green] embedded Redis {self.redis.url} (AOF in {self.redis.data_dir})")
+        self.console.print(f"[green]✓[/green] embedded Redis {safe_url(self.redis.url)} (AOF in {self.redis.data_dir}, "
+                           f"password in {redis_dir / 'password'})")
 
     def _lock_data_dir(self) -> None:
         """Two embedded servers on one AOF folder would corrupt it: one `up` per folder."""
@@ -180,6 +184,9 @@ class Supervisor:
         # The gateway's default model is the one this worker serves: a request
         # without a model (or sent before the worker registers) gets a 503, not a 404.
         env["INFERQ_DEFAULT_MODEL"] = self.model
+        # ... and its readiness is about that model: on a shared Redis another
+        # model's workers must not make it say "ready" before its own worker is up.
+        env.setdefault("INFERQ_GATEWAY_MODELS", self.model)
         if self.opts.api_keys is not None:
             env["INFERQ_GATEWAY_API_KEYS"] = self.opts.api_keys
         args = [sys.executable, "-m", "producer.gateway", "--host", self.opts.host, "--port", str(port)]
@@ -241,10 +248,17 @@ class Supervisor:
         c.rule(f"[bold green]inferq is ready[/bold green] at {url} (model {self.model})")
         # Examples go out as plain text: no wrapping or borders, so they paste as they are.
         print(f"\n# curl\n{curl}\n\n# python (pip install openai)\n{py}\n\n"
-              f"# CLI in another terminal\nexport INFERQ_REDIS_URL={self.redis_url}\n"
+              f"# CLI in another terminal\nexport INFERQ_REDIS_URL={self._shown_redis_url()}\n"
               f"{cli} submit \"The capital of France is\"; {cli} status\n", flush=True)
         c.print(f"logs: {self.log_dir}   stop: Ctrl-C")
         c.print(f"READY {url}", markup=False, highlight=False)
+
+    def _shown_redis_url(self) -> str:
+        """The URL to paste, with the embedded server's password read from its file
+        by the shell rather than printed."""
+        if self.redis is None or not self.redis.password:
+            return self.redis_url
+        return f"redis://:$(cat {self.redis.data_dir / 'password'})@{self.redis.host}:{self.redis.port}/0"
 
     def _on_signal(self, signum, frame) -> None:
         if self._stopping:

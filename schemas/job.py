@@ -8,7 +8,7 @@ from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from schemas.sampling import SamplingParams
+from schemas.sampling import SamplingParams, require_utf8
 
 MAX_PROMPT_CHARS = 1_000_000
 MAX_METADATA_BYTES = 16_384
@@ -51,6 +51,8 @@ class Job(BaseModel):
             raise ValueError("prompt_token_ids must be non-negative")
         if len(json.dumps(self.metadata)) > MAX_METADATA_BYTES:
             raise ValueError(f"metadata must serialise to at most {MAX_METADATA_BYTES} bytes")
+        # pydantic refuses lone surrogates in str fields, not inside free-form metadata.
+        require_utf8(json.dumps(self.metadata, ensure_ascii=False), "metadata")
         return self
 
     # Redis stream entries are flat string maps: the job travels as one JSON field.

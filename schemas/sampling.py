@@ -5,6 +5,15 @@ from typing import Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+def require_utf8(text: str, what: str) -> None:
+    """Everything travels as UTF-8 (Redis, JSON): a lone surrogate such as
+    "\\ud800" is valid JSON but not encodable, so it is refused at the edge."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(f"{what} must be valid Unicode text (a lone surrogate cannot be encoded as UTF-8)") from None
+
+
 # Upper bound on top-N logprobs per token (vLLM's default max_logprobs is 20).
 MAX_LOGPROBS = 20
 MAX_N = 16
@@ -52,6 +61,7 @@ class SamplingParams(BaseModel):
                 raise ValueError("stop strings must be non-empty")
             if len(s) > 256:
                 raise ValueError("stop strings must be at most 256 characters")
+            require_utf8(s, "stop strings")
         return v
 
     @field_validator("stop_token_ids")

@@ -21,7 +21,7 @@ from schemas import Usage, keys
 from schemas.job import Job
 
 from gpuworker.service import replies
-from gpuworker.service.batch import Batch, retrying
+from gpuworker.service.batch import REFUSING_WRITES, Batch, retrying
 from gpuworker.service.context import WorkerContext
 from gpuworker.service.engine_loop import Started
 from gpuworker.service.prompts import PromptBuilder, PromptError
@@ -106,6 +106,10 @@ class Intake(threading.Thread):
             try:
                 resp = self.r.xreadgroup(self.ctx.group, self.ctx.consumer, {self.ctx.stream: ">"},
                                          count=free, block=self.block_ms)
+            except REFUSING_WRITES as e:  # out of memory / read-only: take no new work until it passes
+                self.log.warning("redis_refusing_writes_retrying", op="xreadgroup", error=str(e))
+                self.stop.wait(0.5)
+                continue
             except redis.ResponseError as e:
                 if "NOGROUP" in str(e):  # stream or group deleted under us: recreate
                     self.ensure_group()

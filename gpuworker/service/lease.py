@@ -20,6 +20,7 @@ from typing import Callable, Optional
 
 import redis
 
+from gpuworker.service.batch import REFUSING_WRITES
 from gpuworker.service.context import WorkerContext
 from gpuworker.service.state import InFlight
 
@@ -50,6 +51,8 @@ class LeaseKeeper(threading.Thread):
                 self.tick()
             except (redis.ConnectionError, redis.TimeoutError) as e:
                 self.log.warning("redis_unavailable_retrying", op="lease", error=str(e))
+            except REFUSING_WRITES as e:
+                self.log.warning("redis_refusing_writes_retrying", op="lease", error=str(e))
             except Exception:
                 self.log.exception("lease_tick_failed")
             self.stop.wait(self.tick_s)

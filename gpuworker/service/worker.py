@@ -9,6 +9,8 @@ import threading
 import time
 from typing import Optional
 
+from schemas.redis_checks import queue_warnings
+
 from gpuworker.logging import get_logger
 from gpuworker.metrics import WorkerMetrics
 from gpuworker.service.context import WorkerContext
@@ -66,6 +68,8 @@ class Worker:
     # -- lifecycle -------------------------------------------------------------
     def start(self) -> None:
         self.r.ping()  # fail fast on a wrong URL or password, before loading a model
+        for warning in queue_warnings(self.r):
+            self.log.warning("redis_config_unsafe_for_a_queue", advice=warning)
         if self.engine is None:
             t0 = time.time()
             self.engine = build_engine(self.s)

@@ -9,7 +9,8 @@ import anyio
 import redis.exceptions as redis
 
 from schemas import Job, decode_event, keys
-from producer.admission import ADMISSION_LUA, Admitted, interpret, script_args, script_keys
+from producer.admission import (ADMISSION_LUA, REFUSING_WRITES, Admitted, interpret, refused, script_args,
+                                script_keys)
 from producer.queue_stats import ModelQueueStats, all_stats, model_of
 from producer.settings import ProducerSettings, async_client, sync_client
 
@@ -40,8 +41,11 @@ class Backend:
     # -- jobs -----------------------------------------------------------
     async def submit(self, job: Job, idempotency_key: Optional[str] = None) -> Admitted:
         """Admission + enqueue in one Lua step; raises QueueFull / RateLimited."""
-        reply = await self._admit(keys=script_keys(job, idempotency_key),
-                                  args=script_args(job, idempotency_key, self.settings))
+        try:
+            reply = await self._admit(keys=script_keys(job, idempotency_key),
+                                      args=script_args(job, idempotency_key, self.settings))
+        except REFUSING_WRITES as e:
+            raise refused(job, e) from None
         return interpret(reply, job, self.settings)
 
     async def info(self, job_id: str) -> Optional[dict[str, str]]:

@@ -10,6 +10,8 @@ from producer.gateway.config import allowed_models
 from producer.gateway.runner import ctx_of
 
 router = APIRouter()
+# Its own router: served on the main port, or alone on GatewaySettings.metrics_port.
+metrics_router = APIRouter()
 
 
 @router.get("/health")
@@ -45,7 +47,7 @@ def _not_ready(reason: str, models: dict) -> JSONResponse:
                         headers={"Retry-After": "2"})
 
 
-@router.get("/metrics")
+@metrics_router.get("/metrics")
 async def metrics(request: Request):
     ctx = ctx_of(request)
     try:

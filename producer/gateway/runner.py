@@ -12,7 +12,7 @@ from fastapi import Request
 from pydantic import ValidationError
 
 from schemas import Job
-from producer.errors import QueueFull, RateLimited
+from producer.errors import QueueFull, QueueUnavailable, RateLimited
 
 from producer.gateway.assemble import Assembly, Piece
 from producer.gateway.backend import Backend
@@ -62,6 +62,9 @@ def make_job(**fields) -> Job:
 async def admit(ctx: Context, job: Job, idempotency_key: Optional[str] = None) -> str:
     try:
         admitted = await ctx.backend.submit(job, idempotency_key)
+    except QueueUnavailable as e:
+        ctx.metrics.rejected.labels(reason="redis_refusing_writes").inc()
+        raise APIError(503, str(e), code="queue_unavailable", headers={"Retry-After": "5"}) from None
     except QueueFull as e:
         ctx.metrics.rejected.labels(reason="queue_full").inc()
         raise APIError(429, str(e), code="queue_full", headers={"Retry-After": "1"}) from None
