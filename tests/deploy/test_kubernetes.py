@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -306,14 +307,24 @@ def check_consistency(objs: list[dict]) -> None:
     svc = one(objs, "Service", "inferq-gateway")
     assert svc["spec"]["selector"].items() <= gateway["spec"]["template"]["metadata"]["labels"].items()
 
-    # The password: one Secret, one key, everywhere (pods, KEDA, Redis).
+    # The gateway refuses a non-loopback address without API keys
+    # (producer/gateway/config.py check_exposure): the keys come from a required Secret.
+    genv = {e["name"]: e for e in gc.get("env", [])}
+    keys_ref = genv["INFERQ_GATEWAY_API_KEYS"]["valueFrom"]["secretKeyRef"]
+    assert not keys_ref.get("optional"), "without keys the gateway does not start on 0.0.0.0"
+    # Its metrics port is not the Service's.
+    gports = {p["name"]: p["containerPort"] for p in gc["ports"]}
+    assert int(genv["INFERQ_GATEWAY_METRICS_PORT"]["value"]) == gports["metrics"]
+    assert {p["port"] for p in svc["spec"]["ports"]} == {gports["http"]}
+
+    # The Redis password: one Secret, one key, everywhere (pods, KEDA, Redis).
     refs = set()
     for o in objs:
         if o["kind"] in ("Deployment", "StatefulSet"):
             for c in o["spec"]["template"]["spec"]["containers"]:
                 for e in c.get("env", []):
                     ref = e.get("valueFrom", {}).get("secretKeyRef")
-                    if ref and not ref.get("optional"):
+                    if ref and e["name"] in ("INFERQ_REDIS_PASSWORD", "REDIS_PASSWORD"):
                         refs.add((ref["name"], ref["key"]))
         if o["kind"] == "TriggerAuthentication":
             refs |= {(r["name"], r["key"]) for r in o["spec"]["secretTargetRef"]}
@@ -321,9 +332,15 @@ def check_consistency(objs: list[dict]) -> None:
 
     redis_sts = [o for o in objs if o["kind"] == "StatefulSet" and o["metadata"]["name"] == "inferq-redis"]
     if redis_sts:
-        args = " ".join(container(redis_sts[0], "redis")["args"])
-        assert "--appendonly yes" in args and "--maxmemory-policy noeviction" in args
-        assert "--requirepass $(REDIS_PASSWORD)" in args
+        rc = container(redis_sts[0], "redis")
+        line = " ".join(rc.get("command", []) + rc.get("args", []))
+        assert "--appendonly yes" in line and "--maxmemory-policy noeviction" in line
+        assert re.search(r"--maxmemory \d+[kmg]b", line), "noeviction needs a maxmemory below the memory limit"
+        # The password never on a command line (`ps` shows it): a config file written at start.
+        assert "REDIS_PASSWORD" in line and "--requirepass" not in line and "-a " not in line
+        for probe in ("readinessProbe", "livenessProbe"):
+            cmd = " ".join(rc[probe].get("exec", {}).get("command", []))
+            assert " -a " not in cmd
         svc = one(objs, "Service", "inferq-redis")
         assert redis_url.hostname.split(".")[0] == svc["metadata"]["name"]
         assert redis_url.port == svc["spec"]["ports"][0]["port"]
