@@ -22,7 +22,7 @@ from typing import Optional
 
 from pydantic import Field
 
-from schemas import keys, records
+from schemas import ErrorEvent, encode_event, keys, records, transitions
 from schemas.job import job_payload
 from schemas.policy import QueuePolicy
 from schemas.text import as_str
@@ -78,7 +78,15 @@ def reclaim_stale(r, model: str, s: MaintenanceSettings) -> dict:
     return {"moved": moved, "consumers_removed": removed, "live_workers": len(live)}
 
 
+# The consumer name housekeeping acts under: its state changes are fenced like a worker's.
+MAINTENANCE_CONSUMER = "inferq-maintenance"
+
+
 def dead_letter_exceeded(r, model: str, s: MaintenanceSettings) -> int:
+    """Entries delivered max_deliveries times whose worker went silent: claimed
+    (only while still idle, so a live owner keeps its job), given a new attempt
+    of their own so readers accept the error as final and no stale worker can
+    finish it, then error event + dead letter + ack, fenced like a worker's."""
     stream = keys.jobs(model)
     n = 0
     for row in _stale_entries(r, model, s.min_idle_ms):
@@ -86,20 +94,31 @@ def dead_letter_exceeded(r, model: str, s: MaintenanceSettings) -> int:
         if delivered < s.max_deliveries:
             continue
         eid = as_str(row["message_id"])
+        if not r.xclaim(stream, keys.JOBS_GROUP, MAINTENANCE_CONSUMER, s.min_idle_ms, [eid], justid=True):
+            continue  # renewed or taken meanwhile: not abandoned after all
         found = r.xrange(stream, eid, eid)
         raw = as_str(job_payload(found[0][1]) or "") if found else ""
         try:
             job_id = json.loads(raw).get("id", "") if raw else ""
-        except ValueError:
+        except (ValueError, AttributeError):
             job_id = ""
+        attempt = 0
+        if job_id:
+            attempt, _ = transitions.claim_attempt(r, model=model, entry_id=eid, consumer=MAINTENANCE_CONSUMER,
+                                                   job_id=job_id, live_ttl=s.live_ttl)
+            if attempt < 0:
+                continue
         reason = f"delivered {delivered} times without finishing (max_deliveries={s.max_deliveries})"
-        pipe = r.pipeline(transaction=True)
-        # A higher attempt than any worker used, so readers accept the error as final.
-        records.fail_job(pipe, model=model, entry_id=eid, raw=raw, job_id=job_id, attempt=delivered + 1, seq=0,
-                         code="max_deliveries", message=reason, worker="celery-beat", ttl_after_done=s.reply_ttl,
-                         reply_maxlen=s.reply_maxlen, deliveries=delivered)
-        pipe.execute()
-        n += 1
+        error = encode_event(ErrorEvent(attempt=max(attempt, 1), seq=0, code="max_deliveries", message=reason))
+        dead = records.DeadLetter(job=raw, job_id=job_id, entry_id=eid, code="max_deliveries", reason=reason,
+                                  attempts=delivered, worker=MAINTENANCE_CONSUMER, failed_at=time.time())
+        done = transitions.fail(r, model=model, entry_id=eid, consumer=MAINTENANCE_CONSUMER, attempt=attempt,
+                                job_id=job_id or None, error_data=error["data"],
+                                fields={**records.info_error("max_deliveries", reason),
+                                        "finished_at": repr(time.time())},
+                                dead=dead.redacted() if s.dlq_payload == "redact" else dead,
+                                dlq_maxlen=s.dlq_maxlen, ttl_after_done=s.reply_ttl, reply_maxlen=s.reply_maxlen)
+        n += int(done == transitions.DONE)
     return n
 
 

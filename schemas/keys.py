@@ -52,3 +52,8 @@ def served_name(model_path: Optional[str]) -> str:
         return DEFAULT_MODEL
     base = os.path.basename(os.path.normpath(model_path))
     return base[:-5] if base.endswith(".gguf") else base
+
+
+def worker_identity(model: str, worker_id: str) -> str:
+    """Held by the one live process using ``worker_id`` (a random token, with a TTL)."""
+    return f"{PREFIX}:worker:{{{model}}}:{worker_id}"

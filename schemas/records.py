@@ -2,22 +2,17 @@
 
 - job-info hash ``inferq:job:{id}``: status, model, tenant, attempt, timestamps,
   usage or error. Admission creates it (its fields come from ``info_queued``;
-  the Lua script adds ``entry_id``), the worker's intake bumps ``attempt``,
-  ``info_running`` / ``close_job`` change it; ``parse_info`` reads it.
-- DLQ entry on ``inferq:dlq:{model}``: ``DeadLetter``; ``fail_job`` writes it,
-  ``DeadLetter.from_fields`` reads it.
-
-The writers take anything with redis-py's pipeline methods (a pipeline, or the
-worker's recorded Batch), so each state change stays one round trip.
+  the Lua script adds ``entry_id``); after that only the fenced scripts of
+  ``schemas.transitions`` change it (attempt, ``info_running``, ``info_done``,
+  ``info_error``); ``parse_info`` reads it.
+- DLQ entry on ``inferq:dlq:{model}``: ``DeadLetter``; ``transitions.fail``
+  writes it, ``DeadLetter.from_fields`` reads it.
 """
 from __future__ import annotations
 
-import time
 from dataclasses import asdict, dataclass
 from typing import Any, Optional
 
-from schemas import keys
-from schemas.events import ErrorEvent, encode_event
 from schemas.text import as_str
 
 # Statuses of the job-info hash.
@@ -67,21 +62,6 @@ def parse_info(raw: dict) -> dict[str, Any]:
     return out
 
 
-def mark_running(p, job_id: str, fields: dict, ttl: int) -> None:
-    """Running jobs keep their keys for ``ttl`` (the live-job TTL)."""
-    p.hset(keys.job_info(job_id), mapping=fields)
-    p.expire(keys.reply(job_id), ttl)
-    p.expire(keys.job_info(job_id), ttl)
-
-
-def close_job(p, job_id: str, fields: dict, ttl_after_done: int, now: Optional[float] = None) -> None:
-    """Final status; the job's keys expire ``ttl_after_done`` seconds from now."""
-    p.hset(keys.job_info(job_id), mapping={**fields, "finished_at": repr(time.time() if now is None else now)})
-    p.expire(keys.job_info(job_id), ttl_after_done)
-    p.expire(keys.reply(job_id), ttl_after_done)
-    p.delete(keys.cancel(job_id))
-
-
 @dataclass(frozen=True)
 class DeadLetter:
     """One DLQ entry. ``job`` is the payload exactly as it was on the job stream;
@@ -101,27 +81,16 @@ class DeadLetter:
         d.update(job_id=self.job_id or "", attempts=str(self.attempts), failed_at=repr(self.failed_at))
         return d
 
+    def redacted(self) -> "DeadLetter":
+        """The same entry without the payload (prompts can be private and large)."""
+        size = len(self.job) if isinstance(self.job, (bytes, str)) else 0
+        return DeadLetter(job=f'{{"redacted": true, "bytes": {size}}}', job_id=self.job_id, entry_id=self.entry_id,
+                          code=self.code, reason=self.reason, attempts=self.attempts, worker=self.worker,
+                          failed_at=self.failed_at)
+
     @classmethod
     def from_fields(cls, fields: dict) -> "DeadLetter":
         f = {as_str(k): as_str(v) for k, v in fields.items()}
         return cls(job=f.get("job", ""), job_id=f.get("job_id", ""), entry_id=f.get("entry_id", ""),
                    code=f.get("code", ""), reason=f.get("reason", ""), attempts=int(f.get("attempts") or 0),
                    worker=f.get("worker", ""), failed_at=float(f.get("failed_at") or 0.0))
-
-
-def fail_job(p, *, model: str, entry_id: str, raw, job_id: Optional[str], attempt: int, seq: int, code: str,
-             message: str, worker: str, ttl_after_done: int, reply_maxlen: int,
-             deliveries: Optional[int] = None) -> None:
-    """A job that will never finish: ``error`` event of ``attempt`` and final status
-    (when its id is known), DLQ copy (``deliveries`` attempts, default ``attempt``),
-    then ack + delete of the job entry. Run it in one MULTI so a crash loses nothing."""
-    if job_id:
-        ev = ErrorEvent(attempt=attempt, seq=seq, code=code, message=message)
-        p.xadd(keys.reply(job_id), encode_event(ev), maxlen=reply_maxlen, approximate=True)
-        close_job(p, job_id, info_error(code, message), ttl_after_done)
-    dead = DeadLetter(job=raw, job_id=job_id or "", entry_id=entry_id, code=code, reason=message,
-                      attempts=attempt if deliveries is None else deliveries, worker=worker,
-                      failed_at=time.time())
-    p.xadd(keys.dlq(model), dead.to_fields())
-    p.xack(keys.jobs(model), keys.JOBS_GROUP, entry_id)
-    p.xdel(keys.jobs(model), entry_id)

@@ -13,9 +13,13 @@ NOT_FLAGS = frozenset({"redis_password"})
 
 
 def _flag_type(annotation):
-    """int / float / str / bool from a field annotation such as Optional[int]."""
+    """(type, choices) from a field annotation: Optional[int] -> (int, None),
+    Literal["a", "b"] -> (str, ["a", "b"])."""
+    if typing.get_origin(annotation) is typing.Literal:
+        choices = list(typing.get_args(annotation))
+        return type(choices[0]), choices
     args = [a for a in typing.get_args(annotation) if a is not type(None)]
-    return args[0] if args else annotation
+    return (_flag_type(args[0]) if args else (annotation, None))
 
 
 def parser() -> argparse.ArgumentParser:
@@ -29,11 +33,11 @@ def parser() -> argparse.ArgumentParser:
             continue
         flag = "--" + name.replace("_", "-")
         help_ = f"{field.description or ''} (env INFERQ_{name.upper()})".strip()
-        typ = _flag_type(field.annotation)
+        typ, choices = _flag_type(field.annotation)
         if typ is bool:
             p.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=None, help=help_)
         else:
-            p.add_argument(flag, dest=name, type=typ, default=None, help=help_)
+            p.add_argument(flag, dest=name, type=typ, choices=choices, default=None, help=help_)
     return p
 
 
@@ -49,6 +53,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"inferq worker: invalid configuration:\n{e}", file=sys.stderr)
         return 2
     configure(settings.log_level, settings.log_json)
+    from gpuworker.service.identity import WorkerIdInUse
     from gpuworker.service.worker import Worker
 
     import redis
@@ -56,6 +61,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     worker = Worker(settings)
     try:
         return worker.run()
+    except WorkerIdInUse as e:
+        print(f"inferq worker: {e}", file=sys.stderr)
+        return 2
     except redis.AuthenticationError as e:
         print(f"inferq worker: Redis refused the credentials ({e}); check INFERQ_REDIS_URL / INFERQ_REDIS_PASSWORD",
               file=sys.stderr)

@@ -16,6 +16,9 @@ class WorkerContext:
     reply_maxlen: int
     live_ttl: int = 86_400  # ... and this long while it waits or runs
     log_prompts: bool = False
+    dlq_maxlen: int = 10_000
+    dlq_max_age_s: int = 7 * 86_400
+    dlq_redact: bool = False
 
     @property
     def stream(self) -> str:

@@ -18,7 +18,7 @@ import redis
 from pydantic import ValidationError
 
 from schemas.text import as_str
-from schemas import Usage, keys, records
+from schemas import Usage, transitions
 from schemas.job import Job, job_payload
 
 from gpuworker.service import replies
@@ -171,13 +171,13 @@ class Intake(threading.Thread):
                 # Invalid UTF-8 or a missing field is a client error, not a crash.
                 job = Job.from_fields(fields)
             except Exception as e:
-                self._reject(b, entry_id, raw, salvage_job_id(text), 1, "invalid_job", describe(e))
+                self._reject(b, entry_id, raw, salvage_job_id(text), 1, "invalid_job", describe(e), claimed=False)
                 continue
             if job.id in running:
                 # Another entry with this job id is running here: dead-letter this
                 # copy without touching the running job's reply stream or status.
                 self._reject(b, entry_id, raw, None, 1, "duplicate_job_id",
-                             f"job id {job.id!r} is already running on this worker")
+                             f"job id {job.id!r} is already running on this worker", claimed=False)
                 continue
             running.add(job.id)
             parsed.append((entry_id, raw, job))
@@ -185,18 +185,24 @@ class Intake(threading.Thread):
             b.send(self.r, give_up=self._give_up, log=self.log)
             return
 
-        # One round trip: bump each job's attempt counter and read its cancel flag.
-        idx = []
-        for _, _, job in parsed:
-            idx.append((b.hincrby(keys.job_info(job.id), records.ATTEMPT, 1), b.exists(keys.cancel(job.id))))
-            b.expire(keys.job_info(job.id), self.ctx.live_ttl)
+        # One round trip: claim an attempt of each job (fenced: only while the entry
+        # is still this consumer's) and read its cancel flag.
+        idx = [transitions.claim_attempt(b, model=self.ctx.model, entry_id=entry_id, consumer=self.ctx.consumer,
+                                         job_id=job.id, live_ttl=self.ctx.live_ttl) for entry_id, _, job in parsed]
         res = b.send(self.r, give_up=self._give_up, log=self.log)
 
         now = time.time()
         b = Batch()
         ready: list[JobState] = []
-        for (entry_id, raw, job), (i_att, i_cancel) in zip(parsed, idx):
-            attempt = int(res[i_att]) if isinstance(res[i_att], int) else 1
+        for (entry_id, raw, job), i in zip(parsed, idx):
+            if isinstance(res[i], Exception):
+                raise res[i]
+            attempt, cancelled = (int(x) for x in res[i])
+            if attempt < 0:
+                # Claimed by another worker between our read and this claim: theirs now.
+                self.metrics.refused("claim")
+                self.log.info("entry_taken_by_another_worker", entry_id=entry_id, job_id=job.id)
+                continue
             st = JobState(job=job, entry_id=entry_id, raw=raw, attempt=attempt,
                           log=self.log.bind(job_id=job.id, attempt=attempt), received_at=now,
                           suspect=(suspects or {}).get(entry_id, ""))
@@ -210,7 +216,7 @@ class Intake(threading.Thread):
                 self._reject(b, entry_id, raw, job.id, attempt, "unknown_model",
                              f"this worker serves {self.ctx.model!r}, not {job.model!r}")
                 continue
-            if res[i_cancel]:
+            if cancelled:
                 st.cancel_requested = True
                 self._finish_early(b, st, "abort")
                 continue
@@ -243,11 +249,14 @@ class Intake(threading.Thread):
             self.inflight.add(st)
             self.to_engine.put(AddJob(st))
 
-    def _reject(self, b: Batch, entry_id: str, raw, job_id: Optional[str], attempt: int, code: str, message: str) -> None:
+    def _reject(self, b: Batch, entry_id: str, raw, job_id: Optional[str], attempt: int, code: str, message: str,
+                *, claimed: bool = True) -> None:
+        """Error event + dead letter. ``claimed`` False: refused before an attempt
+        was claimed (unreadable payload, duplicate id), fenced on the entry alone."""
         self.metrics.error(code)
         self.log.warning("job_rejected", job_id=job_id, entry_id=entry_id, attempt=attempt, code=code, reason=message)
-        replies.fail(b, self.ctx, entry_id=entry_id, raw=raw, job_id=job_id, attempt=attempt, seq=0 if attempt <= 1 else 1,
-                     code=code, message=message)
+        replies.fail(b, self.ctx, entry_id=entry_id, raw=raw, job_id=job_id, attempt=attempt if claimed else 0,
+                     event_attempt=attempt, seq=0 if attempt <= 1 else 1, code=code, message=message)
 
     def _finish_early(self, b: Batch, st: JobState, reason: str) -> None:
         """Cancelled or past its deadline before prefill: done without the engine."""

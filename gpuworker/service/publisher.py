@@ -16,13 +16,13 @@ from typing import Callable, Optional
 
 import redis
 
-from schemas import Usage, keys
+from schemas import Usage, keys, transitions
 from schemas.job import JOB_FIELD
 
 from gpuworker.service import replies
 from gpuworker.service.batch import Batch
 from gpuworker.service.context import WorkerContext
-from gpuworker.service.messages import STOP, AbortJob, Dropped, Failed, Rejected, Started, Stop, StepOutput
+from gpuworker.service.messages import STOP, AbortJob, Dropped, DropJob, Failed, Rejected, Started, Stop, StepOutput
 from gpuworker.service.state import InFlight, JobState
 
 __all__ = ["Publisher", "STOP"]
@@ -48,6 +48,7 @@ class _Round:
         self.retry: list[tuple[JobState, str]] = []  # attempt over after an engine fault: read again
         self.dropped: list[tuple[str, bool]] = []  # (job id, hand back to the group)
         self.pending: dict[str, _Coalesced] = {}
+        self.fenced: list[tuple[JobState, str, int]] = []  # (job, op, index of the script's answer)
 
 
 class Publisher(threading.Thread):
@@ -104,7 +105,7 @@ class Publisher(threading.Thread):
     def _on_started(self, rnd: _Round, item: Started) -> None:
         for st in item.states:
             if st.is_active:
-                replies.start(rnd.b, self.ctx, st)
+                rnd.fenced.append((st, "start", replies.start(rnd.b, self.ctx, st)))
                 rnd.n_events += 2 if st.attempt > 1 else 1
 
     def _on_step(self, rnd: _Round, item: StepOutput) -> None:
@@ -178,7 +179,7 @@ class Publisher(threading.Thread):
     def _finish(self, rnd: _Round, st: JobState, d, t: float) -> None:
         usage = Usage(prompt_tokens=d.num_prompt_tokens, completion_tokens=d.num_output_tokens,
                       cached_tokens=d.num_cached_tokens)
-        replies.finish(rnd.b, self.ctx, st, d.finish_reason, usage, now=t)
+        rnd.fenced.append((st, "finish", replies.finish(rnd.b, self.ctx, st, d.finish_reason, usage, now=t)))
         rnd.n_events += 1
         rnd.finished.append(st)
         self.metrics.finished(d.finish_reason)
@@ -189,8 +190,9 @@ class Publisher(threading.Thread):
     def _fail(self, rnd: _Round, st: JobState, code: str, message: str) -> None:
         self.metrics.error(code)
         st.log.warning("job_failed", code=code, reason=message)
-        replies.fail(rnd.b, self.ctx, entry_id=st.entry_id, raw=st.raw, job_id=st.id, attempt=st.attempt,
-                     seq=st.next_seq(), code=code, message=message)
+        idx = replies.fail(rnd.b, self.ctx, entry_id=st.entry_id, raw=st.raw, job_id=st.id, attempt=st.attempt,
+                           event_attempt=st.attempt, seq=st.next_seq(), code=code, message=message)
+        rnd.fenced.append((st, "fail", idx))
         rnd.n_events += 1
         rnd.finished.append(st)
 
@@ -211,6 +213,7 @@ class Publisher(threading.Thread):
             if isinstance(r_, Exception):
                 self.log.error("reply_write_failed", error=str(r_))
 
+        self._settle_fenced(rnd, res)
         for st, i in zip(watch, idx):
             if res[i]:
                 st.cancel_requested = True
@@ -229,3 +232,17 @@ class Publisher(threading.Thread):
             raw = st.raw if isinstance(st.raw, bytes) else st.raw.encode("utf-8")
             self.requeue([(st.entry_id, {JOB_FIELD.encode(): raw})], flag)
         self.metrics.inflight.set(len(self.inflight))
+
+    def _settle_fenced(self, rnd: _Round, res: list) -> None:
+        """A state change Redis refused means another worker owns the job now
+        (this one lost its lease): nothing was written; count it, log it, and
+        stop working on the job if it is still running here."""
+        for st, op, i in rnd.fenced:
+            answer = res[i]
+            if answer == transitions.REFUSED:
+                self.metrics.refused(op)
+                st.log.warning("state_change_refused", op=op, entry_id=st.entry_id,
+                               reason="this worker no longer owns the job (lease lost)")
+                if op == "start" and st.drop():
+                    self.to_engine.put(DropJob(st.id))
+                    rnd.dropped.append((st.id, False))

@@ -16,6 +16,7 @@ from gpuworker.logging import get_logger
 from gpuworker.metrics import WorkerMetrics
 from gpuworker.service.context import WorkerContext
 from gpuworker.service.engine_loop import EngineLoop
+from gpuworker.service.identity import WorkerIdentity
 from gpuworker.service.intake import Intake
 from gpuworker.service.lease import LeaseKeeper
 from gpuworker.service.prompts import PromptBuilder
@@ -43,6 +44,9 @@ class Worker:
             live_ttl=settings.live_ttl,
             reply_maxlen=settings.reply_maxlen,
             log_prompts=settings.log_prompts,
+            dlq_maxlen=settings.dlq_maxlen,
+            dlq_max_age_s=settings.dlq_max_age_s,
+            dlq_redact=settings.dlq_payload == "redact",
         )
         self.r = settings.redis()
         self.engine = engine
@@ -57,6 +61,9 @@ class Worker:
     # -- lifecycle -------------------------------------------------------------
     def start(self) -> None:
         self.r.ping()  # fail fast on a wrong URL or password, before loading a model
+        # One live process per worker id (raises WorkerIdInUse), before loading a model too.
+        self.identity = WorkerIdentity(self.ctx.model, self.ctx.consumer, ttl_s=3 * self.s.lease_seconds)
+        self.identity.acquire(self.r)
         for warning in queue_warnings(self.r):
             self.log.warning("redis_config_unsafe_for_a_queue", advice=warning)
         if self.engine is None:
@@ -84,7 +91,8 @@ class Worker:
                                    self.intake.requeue, self.metrics, self.log, coalesce=self.s.coalesce_deltas,
                                    max_flush_steps=self.s.max_flush_steps, give_up=self.hard_stop.is_set)
         self.lease = LeaseKeeper(self.ctx, self.r, self.inflight, self.intake.requeue, self.to_engine, self.metrics,
-                                 self.log, self.stop_lease, reap=lambda: self.intake.caught_up.is_set() and not self.stop_reading.is_set())
+                                 self.log, self.stop_lease, reap=lambda: self.intake.caught_up.is_set() and not self.stop_reading.is_set(),
+                                 identity=self.identity, on_identity_lost=self.request_stop)
         self.intake.ensure_group()  # before the lease thread's first XAUTOCLAIM
         self.lease.heartbeat()
         self._metrics_server = self.metrics.serve(self.s.metrics_port, self.s.metrics_addr)
@@ -141,6 +149,7 @@ class Worker:
         try:
             self.lease.release(left)
             self.lease.leave()
+            self.identity.release(self.r)
         except Exception as e:
             self.log.warning("release_failed", error=str(e))
         if self._metrics_server is not None:
