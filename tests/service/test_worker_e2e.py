@@ -225,6 +225,7 @@ def test_metrics_and_heartbeat(worker, p):
         assert name in names, name
     cfg = [k for k in worker.metrics() if k.startswith("inferq:worker_config_info")][0]
     assert 'max_num_seqs="32"' in cfg and 'num_kv_blocks="512"' in cfg
+    assert 'eos_token_ids="2"' in cfg  # SmolLM2: config, generation config and tokenizer agree on <|im_end|>
     assert "e2e-1" in p.workers()
 
 
