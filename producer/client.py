@@ -40,6 +40,9 @@ class JobResult:
     timings: Timings
     logprobs: Optional[list[dict[int, float]]] = None
     attempt: int = 1
+    # With sampling.prompt_logprobs: the prompt's ids and one entry per prompt token (None first).
+    prompt_token_ids: Optional[list[int]] = None
+    prompt_logprobs: Optional[list[Optional[dict[int, float]]]] = None
 
 
 # --- pure helpers shared with the async client ------------------------------------
@@ -120,6 +123,8 @@ class ResultBuilder:
         self.parts: list[str] = []
         self.token_ids: list[int] = []
         self.logprobs: Optional[list] = None
+        self.prompt_token_ids: Optional[list[int]] = None
+        self.prompt_logprobs: Optional[list] = None
 
     def feed(self, ev) -> Optional[JobResult]:
         if ev.attempt > self.attempt or ev.type == "restarted":
@@ -129,6 +134,8 @@ class ResultBuilder:
             self.token_ids.extend(ev.token_ids)
             if ev.logprobs is not None:
                 self.logprobs = (self.logprobs or []) + list(ev.logprobs)
+            if ev.prompt_logprobs is not None:
+                self.prompt_token_ids, self.prompt_logprobs = ev.prompt_token_ids, ev.prompt_logprobs
         elif ev.type == "done":
             return JobResult(
                 job_id=self.job_id,
@@ -139,6 +146,8 @@ class ResultBuilder:
                 timings=ev.timings,
                 logprobs=self.logprobs,
                 attempt=ev.attempt,
+                prompt_token_ids=self.prompt_token_ids,
+                prompt_logprobs=self.prompt_logprobs,
             )
         elif ev.type == "error":
             raise JobFailed(self.job_id, ev.code, ev.message)

@@ -71,15 +71,15 @@ class Publisher(threading.Thread):
         finished: list[JobState] = []
         retry: list[tuple[JobState, str]] = []
         dropped: list[tuple[str, bool]] = []
-        pending: dict[str, list] = {}  # coalesced deltas: job id -> [state, text, ids, logprobs]
+        pending: dict[str, list] = {}  # coalesced deltas: job id -> [state, text, ids, logprobs, prompt logprobs]
         n_events = 0
 
         def write_pending(job_id: str) -> None:
             nonlocal n_events
             p = pending.pop(job_id, None)
             if p:
-                st, text, ids, lps = p
-                replies.add_delta(b, self.ctx, st, text, ids, lps)
+                st, text, ids, lps, plp = p
+                replies.add_delta(b, self.ctx, st, text, ids, lps, plp)
                 n_events += 1
 
         for item in items:
@@ -105,13 +105,16 @@ class Publisher(threading.Thread):
                         st.last_token_at = item.t
                     if d.new_text or d.new_token_ids:
                         if self.coalesce:
-                            p = pending.setdefault(st.id, [st, "", [], None])
+                            p = pending.setdefault(st.id, [st, "", [], None, None])
                             p[1] += d.new_text
                             p[2].extend(d.new_token_ids)
                             if d.logprobs is not None:
                                 p[3] = (p[3] or []) + list(d.logprobs)
+                            if d.prompt_logprobs is not None:
+                                p[4] = d.prompt_logprobs
                         else:
-                            replies.add_delta(b, self.ctx, st, d.new_text, d.new_token_ids, d.logprobs)
+                            replies.add_delta(b, self.ctx, st, d.new_text, d.new_token_ids, d.logprobs,
+                                              d.prompt_logprobs)
                             n_events += 1
                     if d.finished:
                         write_pending(st.id)

@@ -28,6 +28,8 @@ class Assembly:
     text: str = ""
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[dict[int, float]] = field(default_factory=list)
+    prompt_token_ids: Optional[list[int]] = None  # with prompt_logprobs, from the first delta
+    prompt_logprobs: Optional[list[Optional[dict[int, float]]]] = None
     finish_reason: Optional[str] = None
     usage: Optional[dict] = None
     timings: Optional[dict] = None
@@ -56,6 +58,8 @@ class Assembly:
             self.token_ids += event.token_ids
             if event.logprobs:
                 self.logprobs += event.logprobs
+            if event.prompt_logprobs is not None:
+                self.prompt_token_ids, self.prompt_logprobs = event.prompt_token_ids, event.prompt_logprobs
             return self._unshown()
         elif kind == "done":
             self.finish_reason = event.finish_reason
@@ -74,6 +78,7 @@ class Assembly:
             self.restarts += 1
         self.attempt = attempt
         self.text, self.token_ids, self.logprobs = "", [], []
+        self.prompt_token_ids = self.prompt_logprobs = None
 
     def _unshown(self) -> Optional[Piece]:
         if len(self.text) <= self.shown_chars and len(self.token_ids) <= self.shown_tokens:
