@@ -181,6 +181,21 @@ def test_byte_fallback_fuzz(sp_bytes_tok):
 
 
 # -------------------------------------------------------------- byte-level BPE
+def byte_level_tokens(tok) -> dict[int, int]:
+    """byte -> the id of its single-byte token (GPT-2's bytes_to_unicode alphabet)."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs, n = bs[:], 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    ids = {b: tok.convert_tokens_to_ids(chr(c)) for b, c in zip(bs, cs)}
+    assert None not in ids.values() and tok.unk_token_id not in ids.values()
+    return ids
+
+
+
 @pytest.fixture(scope="module")
 def bytelevel_tok():
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -202,19 +217,8 @@ def test_byte_level_bpe_fuzz(bytelevel_tok):
     tok = bytelevel_tok
     assert byte_fallback_ids(tok) == frozenset()
     vocab = tok.backend_tokenizer.get_vocab_size()
-    from tokenizers import pre_tokenizers
-
-    alphabet = {ord(c) if False else c for c in pre_tokenizers.ByteLevel.alphabet()}
-    # byte -> the single-byte token for it (GPT-2's bytes_to_unicode mapping)
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs, n = bs[:], 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    byte = {b: tok.convert_tokens_to_ids(chr(c)) for b, c in zip(bs, cs)}
-    assert set(chr(c) for c in cs) == alphabet and None not in byte.values()
+    byte = byte_level_tokens(tok)
+    assert set(byte.values()) <= set(range(vocab)) and len(byte) == 256
 
     def make_ids(rng: random.Random) -> list[int]:
         ids: list[int] = []
@@ -278,15 +282,19 @@ def smol_tok():
 def test_smollm2_fuzz(smol_tok):
     tok = smol_tok
     vocab = tok.backend_tokenizer.get_vocab_size()
-    # The 256 single-byte tokens: every token whose decode alone is not valid text is a byte piece.
+    byte = byte_level_tokens(tok)
     text_pieces = ["Hello", " world", " 中文", " 😀", "é", " ok", ".", "\n"]
 
     def make_ids(rng: random.Random) -> list[int]:
         ids: list[int] = []
         for _ in range(rng.randint(1, 12)):
             r = rng.random()
-            if r < 0.3:
+            if r < 0.15:
                 ids += tok.encode(rng.choice(CHARS) * rng.randint(1, 2))
+            elif r < 0.25:
+                ids += [byte[b] for b in rng.choice(CHARS).encode()]  # a character spelled in byte tokens
+            elif r < 0.3:
+                ids.append(byte[rng.choice([0x80, 0xBF, 0xC0, 0xF5, 0xFF, rng.randrange(256)])])  # invalid
             elif r < 0.5:
                 ids += tok.encode(rng.choice(text_pieces))
             elif r < 0.55:
