@@ -154,7 +154,6 @@ class IncrementalDetokenizer:
         # anyway), so a run of them cannot leave a window without text.
         self._skipped = skipped_special_ids(tokenizer) if params.skip_special_tokens else frozenset()
         self._byte_ids = byte_fallback_ids(tokenizer)
-        self._in_run = False  # the last id is a byte-fallback byte token (its run is still open)
         # Python-level clean_up_tokenization (WordPiece-era tokenizers): applied
         # to the decoded text as a stream, cut only where no pattern can straddle.
         self._cleanup = cleanup_fn(tokenizer)
@@ -178,7 +177,9 @@ class IncrementalDetokenizer:
     # ----------------------------------------------------------------- public
     @property
     def output_text(self) -> str:
-        """All text so far (held-back characters included), stop string excluded."""
+        """All settled text so far, stop string excluded: what was shown plus a
+        held stop-string prefix (an open byte run or an unfinished character
+        joins once settled, or at ``flush``)."""
         if self._final is not None:
             return self._final
         if len(self._pieces) > 1:
@@ -217,10 +218,9 @@ class IncrementalDetokenizer:
             return ""
         self._ids.append(token_id)
         if token_id in self._byte_ids:
-            # A byte run is settled by the decoder only when it ends: hold it.
-            self._in_run = True
+            # A byte run is settled by the decoder only when it ends: hold it
+            # (not even decoded until then).
             return ""
-        self._in_run = False
         window = self._decode(self._ids[self._prefix :])
         # Characters before a trailing run of U+FFFD can no longer change.
         ready = len(window.rstrip(REPLACEMENT_CHAR))
