@@ -67,3 +67,34 @@ def test_prompt_logprobs_zero_gives_the_actual_tokens_only(smol_llm, hf_smol):
     for j in range(1, len(ids)):
         assert list(lps[j]) == [ids[j]]
         assert lps[j][ids[j]] == pytest.approx(float(ref[j - 1, ids[j]]), abs=BOUND)
+
+
+def test_prompt_logprobs_survive_chunking_preemption_and_shared_prefixes(tmp_path):
+    """A tiny random Llama under a 40-token budget (chunks), 20 KV blocks
+    (preemptions) and cached shared prefixes: every request's prompt logprobs still
+    cover each prompt token once, and equal HF's teacher-forced log-softmax within
+    the same bound."""
+    import random
+
+    from transformers import AutoModelForCausalLM
+
+    from gpuworker import LLM
+    from tests.tiny_models import save_tiny_model
+
+    torch.set_num_threads(1)
+    folder = save_tiny_model("llama", tmp_path / "llama")
+    hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="sdpa").eval()
+    rng = random.Random(4)
+    prompts = [[rng.randint(1000, 40000) for _ in range(k)] for k in (3, 17, 33, 64, 70, 95, 50, 40)]
+    for i in (1, 4, 6):
+        prompts[i] = prompts[5][:48] + prompts[i]
+    llm = LLM(model=str(folder), block_size=16, max_num_batched_tokens=40, num_kv_blocks=20, max_num_seqs=8)
+    # A warm-up puts the shared prefix in the cache; every request then asks, so
+    # whichever is preempted asked, and none may take hits over missing positions.
+    llm.generate([prompts[5]], SamplingParams(max_tokens=1, temperature=0))
+    outs = llm.generate(prompts, SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, prompt_logprobs=2))
+    stats = llm.engine.stats()
+    assert stats.num_preemptions > 0
+    llm.engine.check_invariants()
+    for ids, out in zip(prompts, outs):
+        check_against_hf(out.prompt_logprobs, ids, hf_prompt_logprobs(hf, ids), 2)
