@@ -190,7 +190,10 @@ class LLMEngine:
         if stop_str is not None:
             return self._finish(req, "stop", [token], text, lps, stop_reason=stop_str, plp=plp)
         if req.num_output_tokens >= p.max_tokens or req.num_tokens >= self.max_model_len:
-            return self._finish(req, "length", [token], text + req.detokenizer.flush(), lps, plp=plp)
+            text += req.detokenizer.flush()
+            if req.detokenizer.stop_hit is not None:  # a stop string in text that only settled now
+                return self._finish(req, "stop", [token], text, lps, stop_reason=req.detokenizer.stop_hit, plp=plp)
+            return self._finish(req, "length", [token], text, lps, plp=plp)
         return RequestDelta(
             request_id=req.request_id,
             new_token_ids=[token],
