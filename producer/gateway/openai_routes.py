@@ -75,7 +75,7 @@ async def chat_completions(req: ChatCompletionRequest, request: Request, princip
     elif req.top_logprobs:
         raise bad_request("top_logprobs needs logprobs: true", param="top_logprobs")
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-    sampling = build_sampling(req, ctx.settings, max_tokens, logprobs_n)
+    sampling = build_sampling(req, ctx.settings, max_tokens, logprobs_n, req.prompt_logprobs)
     model = await resolve_model(ctx, req.model)
     # The worker applies the model's chat template to `messages`.
     job = make_job(model=model, messages=messages, sampling=sampling, priority=req.priority,
@@ -84,11 +84,15 @@ async def chat_completions(req: ChatCompletionRequest, request: Request, princip
     job_id = await admit(ctx, job)
     ctx.metrics.jobs_submitted.labels(route="chat.completions").inc()
     if req.stream:
-        return StreamingResponse(_stream(ctx, "chat", job_id, model, req.include_usage, logprobs_n, ""),
+        return StreamingResponse(_stream(ctx, "chat", job_id, model, req.include_usage, logprobs_n, "",
+                                         prompt_logprobs_n=req.prompt_logprobs),
                                  media_type="text/event-stream", headers={**sse.SSE_HEADERS, **_job_headers(job_id)})
     asm = await wait_for_result(ctx, request, job_id)
     raise_for_error(asm, job_id)
-    return _json(fmt.chat_response(job_id, model, asm, logprobs_n), job_id)
+    body = fmt.chat_response(job_id, model, asm, logprobs_n)
+    if req.prompt_logprobs is not None:  # vLLM puts them at the top of a chat response
+        body["prompt_logprobs"] = fmt.prompt_logprobs_body(asm, req.prompt_logprobs)
+    return _json(body, job_id)
 
 
 def _json(body: dict, job_id: str):
@@ -151,9 +155,13 @@ async def _stream(ctx: Context, kind: str, job_id: str, model: str, include_usag
             else:
                 chunk = fmt.completion_chunk(job_id, model, created, piece.text, logprobs=lp,
                                              include_usage=include_usage)
-                if prompt_logprobs_n is not None and not plp_sent:
-                    plp_sent = True
-                    chunk["choices"][0]["prompt_logprobs"] = fmt.prompt_logprobs_body(asm, prompt_logprobs_n)
+            if prompt_logprobs_n is not None and not plp_sent:  # with the first content chunk
+                plp_sent = True
+                body = fmt.prompt_logprobs_body(asm, prompt_logprobs_n)
+                if kind == "chat":
+                    chunk["prompt_logprobs"] = body
+                else:
+                    chunk["choices"][0]["prompt_logprobs"] = body
             last_sent = time.monotonic()
             yield sse.data(chunk)
         if failure is not None:

@@ -32,6 +32,8 @@ class _Common(BaseModel):
     stream: bool = False
     stream_options: Optional[StreamOptions] = None
     n: int = Field(1, ge=1)
+    # vLLM's extension: top-N logprobs of every prompt token (null for the first).
+    prompt_logprobs: Optional[int] = Field(None, ge=0, le=20)
     presence_penalty: Optional[float] = Field(None, ge=-2.0, le=2.0)
     frequency_penalty: Optional[float] = Field(None, ge=-2.0, le=2.0)
     user: Optional[str] = None
@@ -70,8 +72,6 @@ class _Common(BaseModel):
 class CompletionRequest(_Common):
     prompt: Union[str, list[str], list[int], list[list[int]]]
     logprobs: Optional[int] = Field(None, ge=0, le=20)
-    # vLLM's extension: top-N logprobs of every prompt token (choices[].prompt_logprobs).
-    prompt_logprobs: Optional[int] = Field(None, ge=0, le=20)
     echo: bool = False
     suffix: Optional[str] = None
 

@@ -183,3 +183,14 @@ def test_completion_prompt_logprobs_extension(client, stack):
     for entry in plp[1:]:
         assert 1 <= len(entry) <= 2
         assert all(e["decoded_token"] == f"token_id:{k}" and e["logprob"] <= 0 for k, e in entry.items())
+
+
+def test_chat_prompt_logprobs_extension(client, stack):
+    r = greedy_chat(client, max_tokens=2, extra_body={"prompt_logprobs": 0, "ignore_eos": True})
+    plp = r.model_extra["prompt_logprobs"]
+    assert plp[0] is None and len(plp) == r.usage.prompt_tokens  # the chat template's tokens included
+    ids = [int(next(iter(e))) for e in plp[1:]]  # top-0: each entry is the actual prompt token
+    assert all(len(e) == 1 and next(iter(e.values()))["rank"] is None for e in plp[1:])
+    chunks = list(greedy_chat(client, max_tokens=2, stream=True, extra_body={"prompt_logprobs": 0, "ignore_eos": True}))
+    firsts = [c.model_extra.get("prompt_logprobs") for c in chunks if (c.model_extra or {}).get("prompt_logprobs")]
+    assert len(firsts) == 1 and [int(next(iter(e))) for e in firsts[0][1:]] == ids
