@@ -41,6 +41,9 @@ class JobResult:
     timings: Timings
     logprobs: Optional[list[dict[int, float]]] = None
     attempt: int = 1
+    # With sampling.prompt_logprobs: the prompt's ids and one entry per prompt token (None first).
+    prompt_token_ids: Optional[list[int]] = None
+    prompt_logprobs: Optional[list[Optional[dict[int, float]]]] = None
 
 
 # --- pure helpers shared with the async client ------------------------------------
@@ -113,6 +116,8 @@ class ResultBuilder:
             timings=asm.done.timings,
             logprobs=asm.logprobs if asm.has_logprobs else None,
             attempt=asm.done.attempt,
+            prompt_token_ids=asm.prompt_token_ids,
+            prompt_logprobs=asm.prompt_logprobs,
         )
 
 

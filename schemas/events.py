@@ -38,6 +38,10 @@ class DeltaEvent(_Event):
     token_ids: list[int] = Field(default_factory=list)
     # One entry per token: {"token_id": lp, ...} top-N plus the chosen token.
     logprobs: Optional[list[dict[int, float]]] = None
+    # Only on an attempt's first delta, when the job asked for prompt_logprobs: the
+    # prompt's token ids and one entry per prompt token (None for the first).
+    prompt_token_ids: Optional[list[int]] = None
+    prompt_logprobs: Optional[list[Optional[dict[int, float]]]] = None
 
 
 class RestartedEvent(_Event):

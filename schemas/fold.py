@@ -55,6 +55,8 @@ class Assembly:
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[dict[int, float]] = field(default_factory=list)
     has_logprobs: bool = False  # the attempt sent logprobs (possibly none yet)
+    prompt_token_ids: Optional[list[int]] = None  # with prompt_logprobs, from the first delta
+    prompt_logprobs: Optional[list[Optional[dict[int, float]]]] = None
     finish_reason: Optional[str] = None
     usage: Optional[dict] = None
     timings: Optional[dict] = None
@@ -85,6 +87,8 @@ class Assembly:
             if event.logprobs is not None:
                 self.has_logprobs = True
                 self.logprobs += event.logprobs
+            if event.prompt_logprobs is not None:
+                self.prompt_token_ids, self.prompt_logprobs = event.prompt_token_ids, event.prompt_logprobs
             return self._unshown()
         elif kind == "done":
             self.done = event
@@ -104,6 +108,7 @@ class Assembly:
             self.restarts += 1
         self.attempt = attempt
         self.text, self.token_ids, self.logprobs, self.has_logprobs = "", [], [], False
+        self.prompt_token_ids = self.prompt_logprobs = None
 
     def _unshown(self) -> Optional[Piece]:
         if len(self.text) <= self.shown_chars and len(self.token_ids) <= self.shown_tokens:

@@ -1,7 +1,7 @@
 """Sampling parameters: the knobs of one generation, validated at the edge."""
 from __future__ import annotations
 
-from typing import Optional, Union
+from typing import Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -17,6 +17,11 @@ def require_utf8(text: str, what: str) -> None:
 # Upper bound on top-N logprobs per token (vLLM's default max_logprobs is 20).
 MAX_LOGPROBS = 20
 MAX_N = 16
+# What ``logprobs`` report (vLLM V1's logprobs modes): the model's own distribution
+# (raw, the default) or the one the token was drawn from (processed: after
+# penalties, temperature, min-p, top-k, top-p), as logprobs or as logits.
+LOGPROBS_MODES = ("raw_logprobs", "raw_logits", "processed_logprobs", "processed_logits")
+LogprobsMode = Literal["raw_logprobs", "raw_logits", "processed_logprobs", "processed_logits"]
 
 
 class SamplingParams(BaseModel):
@@ -41,6 +46,10 @@ class SamplingParams(BaseModel):
     stop_token_ids: list[int] = Field(default_factory=list, max_length=64)
     ignore_eos: bool = False
     logprobs: Optional[int] = Field(None, ge=0, le=MAX_LOGPROBS, description="Top-N logprobs per token.")
+    logprobs_mode: LogprobsMode = Field("raw_logprobs", description="What logprobs report; see LOGPROBS_MODES.")
+    prompt_logprobs: Optional[int] = Field(
+        None, ge=0, le=MAX_LOGPROBS, description="Top-N logprobs per prompt token (the first has none)."
+    )
     n: int = Field(1, ge=1, le=MAX_N)
     skip_special_tokens: bool = True
 

@@ -8,6 +8,7 @@ import torch
 
 from gpuworker.attention.base import AttentionMetadata
 from gpuworker.engine.kv_cache_manager import KVCacheManager
+from gpuworker.engine.prompt_logprobs import collect_prompt_logprobs
 from gpuworker.engine.sampler import Sampler, SamplingRow
 from gpuworker.engine.scheduler import ScheduledRequest, SchedulerOutput
 
@@ -81,6 +82,8 @@ class ModelRunner:
             hidden = self.graphs.run(ids, positions, meta)
         else:
             hidden = self.model(ids, positions, self.kv_caches, meta)
+        if any(s.request.prompt_logprobs is not None for s in sched.scheduled):
+            collect_prompt_logprobs(self.model, hidden, sched.scheduled, qsl)
         # Logits only for rows that sample: the last token of each finished prompt/decode.
         sampling = [(i, s) for i, s in enumerate(sched.scheduled) if s.samples]
         if not sampling:

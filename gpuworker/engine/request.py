@@ -45,6 +45,11 @@ class Request:
         self.all_token_ids: list[int] = list(prompt_token_ids)
         self.output_token_ids: list[int] = []
         self.output_logprobs: list[dict[int, float]] = []
+        # Prompt logprobs, filled in by prefill chunks (entry 0: None); sent with the first delta.
+        self.prompt_logprobs: Optional[list[Optional[dict[int, float]]]] = (
+            None if params.prompt_logprobs is None else [None]
+        )
+        self.prompt_logprobs_sent = False
         self.num_computed_tokens = 0
         self.num_cached_tokens = -1  # prefix-cache hit on first schedule; -1 = not yet scheduled
         self.num_preemptions = 0

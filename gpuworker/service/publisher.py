@@ -36,6 +36,7 @@ class _Coalesced:
     text: str = ""
     token_ids: list = field(default_factory=list)
     logprobs: Optional[list] = None
+    prompt_logprobs: Optional[list] = None  # the attempt's first delta carries them
 
 
 class _Round:
@@ -161,7 +162,7 @@ class Publisher(threading.Thread):
 
     def _add_delta(self, rnd: _Round, st: JobState, d) -> None:
         if not self.coalesce:
-            replies.add_delta(rnd.b, self.ctx, st, d.new_text, d.new_token_ids, d.logprobs)
+            replies.add_delta(rnd.b, self.ctx, st, d.new_text, d.new_token_ids, d.logprobs, d.prompt_logprobs)
             rnd.n_events += 1
             return
         c = rnd.pending.setdefault(st.id, _Coalesced(st))
@@ -169,11 +170,13 @@ class Publisher(threading.Thread):
         c.token_ids.extend(d.new_token_ids)
         if d.logprobs is not None:
             c.logprobs = (c.logprobs or []) + list(d.logprobs)
+        if d.prompt_logprobs is not None:
+            c.prompt_logprobs = d.prompt_logprobs
 
     def _write_pending(self, rnd: _Round, job_id: str) -> None:
         c = rnd.pending.pop(job_id, None)
         if c:
-            replies.add_delta(rnd.b, self.ctx, c.st, c.text, c.token_ids, c.logprobs)
+            replies.add_delta(rnd.b, self.ctx, c.st, c.text, c.token_ids, c.logprobs, c.prompt_logprobs)
             rnd.n_events += 1
 
     def _finish(self, rnd: _Round, st: JobState, d, t: float) -> None:

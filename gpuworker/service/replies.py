@@ -23,13 +23,17 @@ def reply_cap(ctx: WorkerContext, st: JobState) -> int:
     return max(ctx.reply_maxlen, per_attempt * (ctx.max_deliveries + 1) + 1)
 
 
-def add_delta(b: Batch, ctx: WorkerContext, st: JobState, text: str, token_ids: list, logprobs) -> None:
+def add_delta(b: Batch, ctx: WorkerContext, st: JobState, text: str, token_ids: list, logprobs,
+              prompt_logprobs=None) -> None:
     """The hot path: the same fields ``encode_event(DeltaEvent(...))`` writes,
     serialised without building a pydantic model per token. Deltas are not
     fenced: readers drop events of attempts they have left behind."""
     lps = None if logprobs is None else [{str(k): v for k, v in d.items()} for d in logprobs]
-    data = json.dumps({"attempt": st.attempt, "seq": st.next_seq(), "text": text, "token_ids": list(token_ids),
-                       "logprobs": lps}, ensure_ascii=False, separators=(",", ":"))
+    body = {"attempt": st.attempt, "seq": st.next_seq(), "text": text, "token_ids": list(token_ids), "logprobs": lps}
+    if prompt_logprobs is not None:  # once per attempt, with its first delta
+        body["prompt_token_ids"] = list(st.prompt_ids)
+        body["prompt_logprobs"] = [None if d is None else {str(k): v for k, v in d.items()} for d in prompt_logprobs]
+    data = json.dumps(body, ensure_ascii=False, separators=(",", ":"))
     b.xadd(keys.reply(st.id), {"type": "delta", "data": data}, maxlen=reply_cap(ctx, st), approximate=True)
 
 

@@ -50,3 +50,9 @@ def test_parse_metrics_reads_labels_and_sums():
     assert m["inferq:num_requests_running"] == [({"model_name": "m"}, 3.0)]
     s = Sample.from_text(text)
     assert s.running == 3.0 and s.config["max_num_seqs"] == "8"
+
+
+def test_doctor_shows_the_workers_eos_set():
+    text = 'inferq:worker_config_info{eos_token_ids="128001,128009",max_num_seqs="8"} 1.0\n'
+    s = Sample.from_text(text)
+    assert diagnose(s, s).readings["eos_token_ids"] == "128001,128009"
