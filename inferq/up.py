@@ -21,7 +21,8 @@ from typing import Optional
 from rich.console import Console
 
 from schemas import keys
-from schemas.connection import redact_url
+from schemas.connection import RedisSettings, redact_url, sync_client
+from schemas.policy import QueuePolicy
 from inferq.embedded_redis import EmbeddedRedis, EmbeddedRedisError, free_port, port_is_free
 
 DEFAULT_GATEWAY_PORT = 8000
@@ -57,8 +58,6 @@ def _pick_port(wanted: Optional[int], default: int, host: str = "127.0.0.1") -> 
 
 
 def _redis_reachable(url: str) -> bool:
-    from schemas.connection import RedisSettings, sync_client
-
     try:
         r = sync_client(RedisSettings(redis_url=url, socket_connect_timeout=2, socket_timeout=2))
         ok = bool(r.ping())
@@ -119,7 +118,8 @@ class Supervisor:
 
     # -- start ----------------------------------------------------------
     def start_redis(self) -> None:
-        url = os.environ.get("INFERQ_REDIS_URL")
+        given = RedisSettings()
+        url = given.redis_url if "redis_url" in given.model_fields_set else None  # set by INFERQ_REDIS_URL
         if url:
             if _redis_reachable(url):
                 self.redis_url = url
@@ -185,8 +185,6 @@ class Supervisor:
 
     def wait_ready(self, gateway_url: str) -> bool:
         import redis
-
-        from schemas.connection import RedisSettings, sync_client
 
         r = sync_client(RedisSettings(redis_url=self.redis_url))
         deadline = time.monotonic() + self.opts.ready_timeout
@@ -296,9 +294,8 @@ class Supervisor:
         if self.gateway:
             self.gateway.stop(timeout=10)
         if self.worker:
-            # The worker drains in-flight jobs on SIGTERM (drain timeout 30 s by default).
-            drain = float(os.environ.get("INFERQ_DRAIN_TIMEOUT", "30"))
-            self.worker.stop(timeout=drain + 15)
+            # The worker drains in-flight jobs on SIGTERM, for the policy's drain timeout.
+            self.worker.stop(timeout=QueuePolicy().drain_timeout + 15)
         if self.redis:
             self.redis.stop()
         self.console.print("[green]✓[/green] stopped")

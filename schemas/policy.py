@@ -16,6 +16,8 @@ class QueuePolicy(RedisSettings):
     reply_ttl: int = Field(3600, ge=1, description="Seconds a job's reply stream and status live after done/error.")
     reply_maxlen: int = Field(20_000, ge=100, description="Approximate MAXLEN of a reply stream.")
     worker_stale_seconds: float = Field(15.0, gt=0.0, description="A worker whose heartbeat is older is treated as gone.")
+    # Shutdown: the worker drains this long, and whoever supervises it (inferq up) waits for that.
+    drain_timeout: float = Field(30.0, ge=0.0, description="seconds to finish in-flight jobs on SIGTERM")
 
     @property
     def min_idle_ms(self) -> int:
