@@ -116,36 +116,36 @@ class ResultBuilder:
 
 
 class TextFollower:
-    """Text pieces for a reader that cannot take text back. A redelivered job
-    (new attempt) is followed silently while it reproduces what was already
-    shown (greedy or seeded jobs do); if it diverges, JobRestarted is raised."""
+    """Text pieces for a reader that cannot take text back, over the same fold.
+    A redelivered job (new attempt) is followed silently while it reproduces
+    what was already shown (greedy or seeded jobs do); if it diverges,
+    JobRestarted is raised."""
 
     def __init__(self, job_id: str, on_restart: str = "follow") -> None:
         if on_restart not in ("follow", "raise"):
             raise ValueError("on_restart must be 'follow' or 'raise'")
         self.job_id = job_id
         self.on_restart = on_restart
+        self.fold = Assembly()
         self.shown = ""
-        self.current = ""
-        self.attempt = 0
 
     def feed(self, ev) -> Optional[str]:
-        if ev.attempt > self.attempt or ev.type == "restarted":
-            if self.shown and self.on_restart == "raise":
-                raise JobRestarted(self.job_id, ev.attempt, self.shown)
-            self.attempt, self.current = ev.attempt, ""
-        if ev.type == "error":
-            raise JobFailed(self.job_id, ev.code, ev.message)
+        starts_over = ev.attempt > self.fold.attempt or ev.type == "restarted"
+        if starts_over and self.shown and self.on_restart == "raise":
+            raise JobRestarted(self.job_id, ev.attempt, self.shown)
+        self.fold.feed(ev)
+        if self.fold.error_code is not None:
+            raise JobFailed(self.job_id, self.fold.error_code, self.fold.error_message or "")
         if ev.type != "delta" or not ev.text:
             return None
-        self.current += ev.text
-        n = min(len(self.current), len(self.shown))
-        if self.current[:n] != self.shown[:n]:
+        current = self.fold.text
+        n = min(len(current), len(self.shown))
+        if current[:n] != self.shown[:n]:
             raise JobRestarted(self.job_id, ev.attempt, self.shown)
-        if len(self.current) <= len(self.shown):
+        if len(current) <= len(self.shown):
             return None
-        piece = self.current[len(self.shown):]
-        self.shown = self.current
+        piece = current[len(self.shown):]
+        self.shown = current
         return piece
 
 
