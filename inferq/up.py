@@ -24,6 +24,7 @@ from schemas import keys
 from schemas.connection import RedisSettings, redact_url, sync_client
 from schemas.policy import QueuePolicy
 from inferq.embedded_redis import EmbeddedRedis, EmbeddedRedisError, free_port, port_is_free
+from inferq.processes import terminate
 
 DEFAULT_GATEWAY_PORT = 8000
 DEFAULT_REDIS_PORT = 6379
@@ -86,13 +87,7 @@ class Child:
         return self.proc.poll() is None
 
     def stop(self, timeout: float) -> None:
-        if self.alive():
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        terminate(self.proc, timeout)
         self._log.close()
 
     def tail(self, lines: int = 25) -> str:

@@ -14,6 +14,7 @@ from typing import Optional
 import redis
 
 from schemas import keys
+from inferq.processes import terminate
 from tests.conftest import free_port
 
 REPO = Path(__file__).resolve().parents[1]
@@ -88,12 +89,6 @@ class WorkerProc:
             self.proc.wait(10)
 
     def terminate(self, timeout: float = 60) -> Optional[int]:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        code = terminate(self.proc, timeout)
         self._log.close()
-        return self.proc.returncode
+        return code
