@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Optional, Union
 
@@ -156,6 +157,11 @@ def parse_status(job_id: str, info: dict, cancel_requested: bool) -> dict:
 def resolve_settings(settings: Optional[ProducerSettings], **given: Any) -> ProducerSettings:
     """Explicit arguments win over ``settings``, which win over INFERQ_* env."""
     update = {k: v for k, v in given.items() if v is not None}
+    if "reply_ttl" in update:
+        # The producer's TTL was once called reply_ttl; it is how long a job's keys
+        # live while it waits or runs (live_ttl). reply_ttl is the after-done TTL.
+        warnings.warn("Producer(reply_ttl=...) is now Producer(live_ttl=...)", DeprecationWarning, stacklevel=3)
+        update.setdefault("live_ttl", update.pop("reply_ttl"))
     if settings is None:
         return ProducerSettings(**update)
     if not update:
