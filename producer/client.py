@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Optional, Union
 
@@ -122,36 +123,36 @@ class ResultBuilder:
 
 
 class TextFollower:
-    """Text pieces for a reader that cannot take text back. A redelivered job
-    (new attempt) is followed silently while it reproduces what was already
-    shown (greedy or seeded jobs do); if it diverges, JobRestarted is raised."""
+    """Text pieces for a reader that cannot take text back, over the same fold.
+    A redelivered job (new attempt) is followed silently while it reproduces
+    what was already shown (greedy or seeded jobs do); if it diverges,
+    JobRestarted is raised."""
 
     def __init__(self, job_id: str, on_restart: str = "follow") -> None:
         if on_restart not in ("follow", "raise"):
             raise ValueError("on_restart must be 'follow' or 'raise'")
         self.job_id = job_id
         self.on_restart = on_restart
+        self.fold = Assembly()
         self.shown = ""
-        self.current = ""
-        self.attempt = 0
 
     def feed(self, ev) -> Optional[str]:
-        if ev.attempt > self.attempt or ev.type == "restarted":
-            if self.shown and self.on_restart == "raise":
-                raise JobRestarted(self.job_id, ev.attempt, self.shown)
-            self.attempt, self.current = ev.attempt, ""
-        if ev.type == "error":
-            raise JobFailed(self.job_id, ev.code, ev.message)
+        starts_over = ev.attempt > self.fold.attempt or ev.type == "restarted"
+        if starts_over and self.shown and self.on_restart == "raise":
+            raise JobRestarted(self.job_id, ev.attempt, self.shown)
+        self.fold.feed(ev)
+        if self.fold.error_code is not None:
+            raise JobFailed(self.job_id, self.fold.error_code, self.fold.error_message or "")
         if ev.type != "delta" or not ev.text:
             return None
-        self.current += ev.text
-        n = min(len(self.current), len(self.shown))
-        if self.current[:n] != self.shown[:n]:
+        current = self.fold.text
+        n = min(len(current), len(self.shown))
+        if current[:n] != self.shown[:n]:
             raise JobRestarted(self.job_id, ev.attempt, self.shown)
-        if len(self.current) <= len(self.shown):
+        if len(current) <= len(self.shown):
             return None
-        piece = self.current[len(self.shown):]
-        self.shown = self.current
+        piece = current[len(self.shown):]
+        self.shown = current
         return piece
 
 
@@ -162,6 +163,11 @@ def parse_status(job_id: str, info: dict, cancel_requested: bool) -> dict:
 def resolve_settings(settings: Optional[ProducerSettings], **given: Any) -> ProducerSettings:
     """Explicit arguments win over ``settings``, which win over INFERQ_* env."""
     update = {k: v for k, v in given.items() if v is not None}
+    if "reply_ttl" in update:
+        # The producer's TTL was once called reply_ttl; it is how long a job's keys
+        # live while it waits or runs (live_ttl). reply_ttl is the after-done TTL.
+        warnings.warn("Producer(reply_ttl=...) is now Producer(live_ttl=...)", DeprecationWarning, stacklevel=3)
+        update.setdefault("live_ttl", update.pop("reply_ttl"))
     if settings is None:
         return ProducerSettings(**update)
     if not update:

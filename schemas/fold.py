@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from schemas.events import TERMINAL_TYPES
+from schemas.events import TERMINAL_TYPES, DoneEvent
 
 
 class ReplyFilter:
@@ -60,7 +60,7 @@ class Assembly:
     finish_reason: Optional[str] = None
     usage: Optional[dict] = None
     timings: Optional[dict] = None
-    done: Optional[object] = None  # the accepted DoneEvent
+    done: Optional[DoneEvent] = None  # the accepted final event, when it is a ``done``
     error_code: Optional[str] = None
     error_message: Optional[str] = None
     worker: Optional[str] = None

@@ -14,7 +14,7 @@ from schemas.follower import Follow, afollow
 from schemas.text import as_str
 from producer.admission import (ADMISSION_LUA, REFUSING_WRITES, Admitted, interpret, refused, script_args,
                                 script_keys)
-from producer.queue_stats import ModelQueueStats, all_stats, model_of
+from producer.queue_stats import ModelQueueStats, all_stats
 from producer.settings import ProducerSettings
 
 
@@ -88,9 +88,9 @@ class Backend:
         if time.monotonic() - at < max_age_s:
             return models
         found = set()
-        for pattern in (f"{keys.PREFIX}:workers:*", f"{keys.PREFIX}:jobs:*"):
-            async for key in self.redis.scan_iter(match=pattern, count=500):
-                m = model_of(as_str(key))
+        for kind in ("workers", "jobs"):
+            async for key in self.redis.scan_iter(match=keys.pattern(kind), count=500):
+                m = keys.tag_of(as_str(key))
                 if m:
                     found.add(m)
         models = sorted(found)

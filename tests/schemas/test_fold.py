@@ -1,5 +1,7 @@
 """The follower's pure core: which events a reader accepts, when it is finished,
 and what the accepted events add up to. No Redis here."""
+import pytest
+
 from schemas import encode_event
 from schemas.events import DeltaEvent, DoneEvent, ErrorEvent, RestartedEvent, StartedEvent
 from schemas.fold import Assembly, ReplyFilter
@@ -60,3 +62,23 @@ def test_assembly_returns_only_unshown_output():
     assert asm.feed(DeltaEvent(attempt=2, seq=1, text="a", token_ids=[1])) is None  # already shown
     p = asm.feed(DeltaEvent(attempt=2, seq=2, text="bc", token_ids=[2, 3]))
     assert (p.text, p.token_ids) == ("c", [3])
+
+
+def test_text_follower_shows_each_character_once_and_raises_on_divergence():
+    from producer.client import TextFollower
+    from producer.errors import JobFailed, JobRestarted
+
+    f = TextFollower("j")
+    assert f.feed(DeltaEvent(attempt=1, seq=1, text="ab")) == "ab"
+    assert f.feed(RestartedEvent(attempt=2, seq=0)) is None
+    assert f.feed(DeltaEvent(attempt=2, seq=1, text="a")) is None  # reproduced, already shown
+    assert f.feed(DeltaEvent(attempt=2, seq=2, text="bc")) == "c"
+    with pytest.raises(JobRestarted):
+        f.feed(DeltaEvent(attempt=3, seq=1, text="x"))  # diverges from what was shown
+
+    strict = TextFollower("j", on_restart="raise")
+    strict.feed(DeltaEvent(attempt=1, seq=1, text="a"))
+    with pytest.raises(JobRestarted):
+        strict.feed(RestartedEvent(attempt=2, seq=0))
+    with pytest.raises(JobFailed):
+        TextFollower("j").feed(ErrorEvent(attempt=1, seq=0, code="c", message="m"))
