@@ -14,6 +14,7 @@ from schemas.follower import Follow, afollow
 from schemas.text import as_str
 from producer.admission import (ADMISSION_LUA, REFUSING_WRITES, Admitted, interpret, refused, script_args,
                                 script_keys)
+from producer.errors import JobNotFound
 from producer.queue_stats import ModelQueueStats, all_stats, model_of
 from producer.settings import ProducerSettings
 
@@ -66,7 +67,7 @@ class Backend:
         Every event is yielded (the fold filters); the read ends only on the
         final event of the attempt the follower accepts."""
         plan = Follow(job_id, block_ms=block_ms, count=count, raw=True, keepalive=True,
-                      reconnect_timeout=self.outage_tolerance_s)
+                      reconnect_timeout=self.outage_tolerance_s, missing=lambda: JobNotFound(job_id))
         async for item in afollow(self.redis, keys.reply(job_id), plan, last_id):
             yield item
 

@@ -293,3 +293,17 @@ def test_stream_resumes_across_a_redis_restart(tmp_path):
         r.close()
     finally:
         server.stop()
+
+
+def test_a_trimmed_reply_stream_is_an_error_not_short_text(p, r):
+    """Events lost from the middle of a reply stream (trimmed by hand here, as a
+    MAXLEN would) end the read with ReplyGap instead of a silently short text."""
+    from schemas.fold import ReplyGap
+
+    h = p.submit("hi")
+    emit(r, h.id, StartedEvent(attempt=1, seq=0), DeltaEvent(attempt=1, seq=1, text="a"))
+    lost = r.xadd(keys.reply(h.id), encode_event(DeltaEvent(attempt=1, seq=2, text="b")))
+    emit(r, h.id, DeltaEvent(attempt=1, seq=3, text="c"), _done(1, 4))
+    r.xdel(keys.reply(h.id), lost)
+    with pytest.raises(ReplyGap, match="expected seq 2, got 3"):
+        h.result(timeout=5)
