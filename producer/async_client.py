@@ -16,8 +16,7 @@ from schemas import keys, records
 from schemas.follower import afollow
 from schemas.text import as_str
 
-from producer.admission import (ADMISSION_LUA, REFUSING_WRITES, Admitted, interpret, refused, script_args,
-                                script_keys)
+from producer.admission import ADMISSION_LUA, aadmit
 from producer.client import JobResult, ResultBuilder, TextFollower, build_job, follow_plan, parse_status, resolve_settings
 from producer.errors import JobNotFound
 from producer.settings import ProducerSettings
@@ -104,12 +103,7 @@ class AsyncProducer:
 
     async def submit(self, prompt: Optional[str] = None, *, idempotency_key: Optional[str] = None, **kw: Any) -> AsyncJobHandle:
         job = build_job(self.default_model, prompt, idempotency_key=idempotency_key, **kw)
-        try:
-            reply = await self._admit(keys=script_keys(job, idempotency_key),
-                                      args=script_args(job, idempotency_key, self.settings))
-        except REFUSING_WRITES as e:
-            raise refused(job, e) from None
-        adm: Admitted = interpret(reply, job, self.settings)
+        adm = await aadmit(self.redis, self._admit, job, idempotency_key, self.settings)
         return AsyncJobHandle(self, adm.job_id, entry_id=adm.entry_id, duplicate=adm.duplicate)
 
     def job(self, job_id: str) -> AsyncJobHandle:

@@ -12,8 +12,7 @@ from schemas.connection import async_client, sync_client
 from schemas.fold import Assembly
 from schemas.follower import Follow, afollow
 from schemas.text import as_str
-from producer.admission import (ADMISSION_LUA, REFUSING_WRITES, Admitted, interpret, refused, script_args,
-                                script_keys)
+from producer.admission import ADMISSION_LUA, Admitted, aadmit
 from producer.errors import JobNotFound
 from producer.queue_stats import ModelQueueStats, all_stats, model_of
 from producer.settings import ProducerSettings
@@ -38,13 +37,8 @@ class Backend:
 
     # -- jobs -----------------------------------------------------------
     async def submit(self, job: Job, idempotency_key: Optional[str] = None) -> Admitted:
-        """Admission + enqueue in one Lua step; raises QueueFull / RateLimited."""
-        try:
-            reply = await self._admit(keys=script_keys(job, idempotency_key),
-                                      args=script_args(job, idempotency_key, self.settings))
-        except REFUSING_WRITES as e:
-            raise refused(job, e) from None
-        return interpret(reply, job, self.settings)
+        """Admission + enqueue in one Lua step; raises QueueFull / RateLimited / QueueUnavailable."""
+        return await aadmit(self.redis, self._admit, job, idempotency_key, self.settings)
 
     async def info(self, job_id: str) -> Optional[dict]:
         raw = await self.redis.hgetall(keys.job_info(job_id))

@@ -72,10 +72,11 @@ async def submit_job(req: JobRequest, request: Request, principal: Principal = D
     job = make_job(model=model, prompt=req.prompt, messages=messages, prompt_token_ids=req.prompt_token_ids,
                    sampling=sampling, priority=req.priority, deadline=deadline, tenant=principal.tenant,
                    metadata=req.metadata)
-    job_id = await admit(ctx, job, req.idempotency_key)
+    adm = await admit(ctx, job, req.idempotency_key)
     ctx.metrics.jobs_submitted.labels(route="jobs").inc()
-    return JSONResponse({"id": job_id, "object": "job", "status": "queued", "model": model,
-                         "duplicate": job_id != job.id, "events_url": f"/v1/jobs/{job_id}/events"},
+    # A duplicate answers with the earlier job and its real status (it may be done).
+    return JSONResponse({"id": adm.job_id, "object": "job", "status": adm.status, "model": model,
+                         "duplicate": adm.duplicate, "events_url": f"/v1/jobs/{adm.job_id}/events"},
                         status_code=202)
 
 

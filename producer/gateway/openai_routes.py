@@ -51,7 +51,7 @@ async def completions(req: CompletionRequest, request: Request, principal: Princ
                    priority=req.priority, tenant=principal.tenant,
                    deadline=time.time() + ctx.settings.request_timeout_s,
                    metadata={"route": "completions"})
-    job_id = await admit(ctx, job)
+    job_id = (await admit(ctx, job)).job_id
     ctx.metrics.jobs_submitted.labels(route="completions").inc()
     prefix = text if req.echo and text else ""
     if req.stream:
@@ -82,7 +82,7 @@ async def chat_completions(req: ChatCompletionRequest, request: Request, princip
     job = make_job(model=model, messages=messages, sampling=sampling, priority=req.priority,
                    tenant=principal.tenant, deadline=time.time() + ctx.settings.request_timeout_s,
                    metadata={"route": "chat.completions"})
-    job_id = await admit(ctx, job)
+    job_id = (await admit(ctx, job)).job_id
     ctx.metrics.jobs_submitted.labels(route="chat.completions").inc()
     if req.stream:
         return StreamingResponse(_stream(ctx, "chat", job_id, model, req.include_usage, logprobs_n, "",

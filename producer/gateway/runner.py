@@ -12,6 +12,7 @@ from fastapi import Request
 from pydantic import ValidationError
 
 from schemas import Job
+from producer.admission import Admitted
 from producer.errors import QueueFull, QueueUnavailable, RateLimited
 
 from schemas.fold import Assembly, Piece
@@ -59,7 +60,7 @@ def make_job(**fields) -> Job:
         raise bad_request(problems) from None
 
 
-async def admit(ctx: Context, job: Job, idempotency_key: Optional[str] = None) -> str:
+async def admit(ctx: Context, job: Job, idempotency_key: Optional[str] = None) -> Admitted:
     try:
         admitted = await ctx.backend.submit(job, idempotency_key)
     except QueueUnavailable as e:
@@ -72,7 +73,7 @@ async def admit(ctx: Context, job: Job, idempotency_key: Optional[str] = None) -
         ctx.metrics.rejected.labels(reason="rate_limited").inc()
         raise APIError(429, str(e), code="rate_limited",
                        headers={"Retry-After": str(max(1, math.ceil(e.retry_after)))}) from None
-    return admitted.job_id
+    return admitted
 
 
 # Worker error codes that mean the request itself was bad.
