@@ -19,9 +19,9 @@ from producer.settings import ProducerSettings
 
 
 class Backend:
-    def __init__(self, settings: ProducerSettings):
+    def __init__(self, settings: ProducerSettings, max_connections: Optional[int] = None):
         self.settings = settings
-        self.redis = async_client(settings)
+        self.redis = async_client(settings, max_connections=max_connections)
         self._admit = self.redis.register_script(ADMISSION_LUA)
         self._models_cache: tuple[float, list[str]] = (0.0, [])
         self.outage_tolerance_s = 30.0
