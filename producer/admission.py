@@ -36,6 +36,7 @@ def script_keys(job: Job, idempotency_key: Optional[str]) -> list[str]:
         keys.job_info(job.id),
         idempotency_key_name(job, idempotency_key),
         keys.rate(job.tenant or "-"),
+        keys.cancel(job.id),
     ]
 
 
@@ -54,7 +55,7 @@ def _counted(fields: dict) -> list:
     return [len(flat), *flat]
 
 
-def script_args(job: Job, idempotency_key: Optional[str], s: ProducerSettings) -> list:
+def script_args(job: Job, idempotency_key: Optional[str], s: ProducerSettings, reset: bool = False) -> list:
     queued = encode_event(QueuedEvent(attempt=0, seq=0, model=job.model))
     info = records.info_queued(job.model, job.tenant, job.created_at, job.deadline)
     rate = s.rate_limit if job.tenant else 0.0
@@ -68,6 +69,7 @@ def script_args(job: Job, idempotency_key: Optional[str], s: ProducerSettings) -
         s.reply_maxlen,
         "1" if idempotency_key else "0",
         records.ENTRY_ID,
+        "1" if reset else "0",
         *_counted(job.to_fields()),
         *_counted(queued),
         *_counted(info),
@@ -93,14 +95,14 @@ return 0
 """
 
 
-def admit(r, script, job: Job, idempotency_key: Optional[str], s: ProducerSettings) -> Admitted:
+def admit(r, script, job: Job, idempotency_key: Optional[str], s: ProducerSettings, reset: bool = False) -> Admitted:
     """Admission as every producer runs it (sync): the script, then for a
     duplicate the earlier job's real status. A key that outlived its job's
     records (they expired) is forgotten and the job admitted anew."""
     for _ in range(2):
         try:
             adm = interpret(script(keys=script_keys(job, idempotency_key),
-                                   args=script_args(job, idempotency_key, s)), job, s)
+                                   args=script_args(job, idempotency_key, s, reset)), job, s)
         except REFUSING_WRITES as e:
             raise refused(job, e) from None
         if not adm.duplicate:
