@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from typing import Any, AsyncIterator, Optional
 
-from schemas import keys, records
+from schemas import keys, transitions
 from schemas.follower import afollow
 from schemas.text import as_str
 
@@ -64,11 +64,7 @@ class AsyncJobHandle:
     async def cancel(self) -> bool:
         if not await self._exists():
             raise JobNotFound(self.id)
-        pipe = self._p.redis.pipeline(transaction=False)
-        pipe.set(keys.cancel(self.id), "1", ex=self._p.settings.live_ttl)
-        pipe.hget(keys.job_info(self.id), records.STATUS)
-        _, status = await pipe.execute()
-        return status is None or as_str(status) not in records.FINAL_STATUSES
+        return bool(await transitions.request_cancel(self._p.redis, job_id=self.id, ttl=self._p.settings.live_ttl))
 
     async def status(self) -> dict:
         pipe = self._p.redis.pipeline(transaction=False)

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Iterator, Optional, Union
 
-from schemas import SamplingParams, Timings, Usage, keys, records
+from schemas import SamplingParams, Timings, Usage, keys, records, transitions
 from schemas.fold import Assembly
 from schemas.follower import Follow, follow
 from schemas.job import ChatMessage, Job
@@ -231,11 +231,7 @@ class JobHandle:
         r = self._p.redis
         if not self._exists():
             raise JobNotFound(self.id)
-        pipe = r.pipeline(transaction=False)
-        pipe.set(keys.cancel(self.id), "1", ex=self._p.settings.live_ttl)
-        pipe.hget(keys.job_info(self.id), records.STATUS)
-        _, status = pipe.execute()
-        return status is None or as_str(status) not in records.FINAL_STATUSES
+        return bool(transitions.request_cancel(r, job_id=self.id, ttl=self._p.settings.live_ttl))
 
     def status(self) -> dict:
         """queued | running | done | error | cancelled, plus attempt, model, tenant, ..."""

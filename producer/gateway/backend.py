@@ -7,7 +7,7 @@ from typing import AsyncIterator, Optional
 
 import anyio
 
-from schemas import Job, decode_event, keys, records
+from schemas import Job, decode_event, keys, records, transitions
 from schemas.connection import async_client, sync_client
 from schemas.fold import Assembly
 from schemas.follower import Follow, afollow
@@ -50,9 +50,9 @@ class Backend:
         return records.parse_info(raw)
 
     async def cancel(self, job_id: str) -> None:
-        # The worker checks this key once per step (and at intake); the TTL
-        # outlives any job so a late intake still sees it.
-        await self.redis.set(keys.cancel(job_id), "1", ex=self.settings.live_ttl)
+        # The worker checks the flag once per step (and at intake); its TTL
+        # outlives any waiting job so a late intake still sees it.
+        await transitions.request_cancel(self.redis, job_id=job_id, ttl=self.settings.live_ttl)
 
     async def events(self, job_id: str, last_id: str = "0-0", block_ms: int = 1000,
                      count: int = 256) -> AsyncIterator[tuple[Optional[str], object]]:

@@ -35,14 +35,14 @@ def ctx_of(request: Request) -> Context:
 
 async def resolve_model(ctx: Context, name: Optional[str]) -> str:
     """404 for a model nobody serves, 503 when its workers are all gone (or, for
-    the default model, have not registered yet: a service still starting up)."""
+    a model on the allow-list, have not registered yet: a service starting up)."""
     model = name or ctx.default_model
     allow = allowed_models(ctx.settings)
     known = await ctx.backend.known_models()
     if allow and model not in allow:
         raise APIError(404, f"model '{model}' does not exist; this gateway serves: {', '.join(allow)}",
                        code="model_not_found", param="model")
-    if not allow and model not in known and model != ctx.default_model:
+    if not allow and model not in known:
         served = ", ".join(known) or "none yet (no worker has registered)"
         raise APIError(404, f"model '{model}' does not exist; models with workers: {served}",
                        code="model_not_found", param="model")
