@@ -165,11 +165,11 @@ class Supervisor:
 
     def start_gateway(self, port: int) -> None:
         env = self._child_env()
-        # The gateway's default model is the one this worker serves: a request
-        # without a model (or sent before the worker registers) gets a 503, not a 404.
+        # The gateway offers the model this worker serves (its default, and its
+        # allow-list): a request sent before the worker registers gets a 503, not
+        # a 404, and on a shared Redis another model's workers cannot make it say
+        # "ready" before its own worker is up.
         env["INFERQ_DEFAULT_MODEL"] = self.model
-        # ... and its readiness is about that model: on a shared Redis another
-        # model's workers must not make it say "ready" before its own worker is up.
         env.setdefault("INFERQ_GATEWAY_MODELS", self.model)
         if self.opts.api_keys is not None:
             env["INFERQ_GATEWAY_API_KEYS"] = self.opts.api_keys

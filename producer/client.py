@@ -14,17 +14,16 @@ from __future__ import annotations
 import re
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Iterator, Optional, Union
 
-from schemas import SamplingParams, Timings, Usage, keys, records
+from schemas import SamplingParams, Timings, Usage, keys, records, transitions
 from schemas.fold import Assembly
 from schemas.follower import Follow, follow
 from schemas.job import ChatMessage, Job
 from schemas.text import as_str
 
-from producer.admission import (ADMISSION_LUA, REFUSING_WRITES, Admitted, interpret, refused, script_args,
-                                script_keys)
+from producer.admission import ADMISSION_LUA, admit
 from producer.errors import JobFailed, JobNotFound, JobRestarted
 from producer.settings import ProducerSettings
 from schemas.connection import sync_client
@@ -238,11 +237,7 @@ class JobHandle:
         r = self._p.redis
         if not self._exists():
             raise JobNotFound(self.id)
-        pipe = r.pipeline(transaction=False)
-        pipe.set(keys.cancel(self.id), "1", ex=self._p.settings.live_ttl)
-        pipe.hget(keys.job_info(self.id), records.STATUS)
-        _, status = pipe.execute()
-        return status is None or as_str(status) not in records.FINAL_STATUSES
+        return bool(transitions.request_cancel(r, job_id=self.id, ttl=self._p.settings.live_ttl))
 
     def status(self) -> dict:
         """queued | running | done | error | cancelled, plus attempt, model, tenant, ..."""
@@ -282,12 +277,7 @@ class Producer:
         """Validate and enqueue one job. Raises ValueError (pydantic ValidationError)
         for bad input, QueueFull when the backlog is at its bound, RateLimited."""
         job = build_job(self.default_model, prompt, idempotency_key=idempotency_key, **kw)
-        try:
-            reply = self._admit(keys=script_keys(job, idempotency_key),
-                                args=script_args(job, idempotency_key, self.settings))
-        except REFUSING_WRITES as e:
-            raise refused(job, e) from None
-        adm: Admitted = interpret(reply, job, self.settings)
+        adm = admit(self.redis, self._admit, job, idempotency_key, self.settings)
         return JobHandle(self, adm.job_id, entry_id=adm.entry_id, duplicate=adm.duplicate)
 
     def job(self, job_id: str) -> JobHandle:

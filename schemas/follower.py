@@ -25,7 +25,7 @@ class Cursor:
 
     def __init__(self, last_id: str = "0-0") -> None:
         self.last_id = last_id
-        self.filter = ReplyFilter()
+        self.filter = ReplyFilter(from_start=last_id in ("0", "0-0"))
         self.finished = False
 
     def take(self, entries) -> Iterator[tuple[str, Any, bool]]:

@@ -14,6 +14,7 @@ from producer.gateway.backend import Backend
 from producer.gateway.config import GatewaySettings, check_exposure, parse_api_keys
 from producer.gateway.errors import install_error_handlers
 from producer.gateway.limits import BodySizeLimit
+from producer.gateway.readers import ReaderLimit
 from producer.gateway.metrics import GatewayMetrics, RequestMetrics
 from producer.gateway.runner import Context
 
@@ -26,7 +27,8 @@ def create_app(settings: Optional[GatewaySettings] = None,
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        backend = Backend(producer_settings)
+        # A bounded pool: one connection per open stream plus room for the rest.
+        backend = Backend(producer_settings, max_connections=settings.max_streams + 64)
         app.state.ctx = Context(backend=backend, settings=settings,
                                 default_model=producer_settings.default_model, metrics=metrics)
         try:
@@ -45,6 +47,7 @@ def create_app(settings: Optional[GatewaySettings] = None,
         app.include_router(health_routes.metrics_router)
     # The last added is the outermost: metrics see every response, 413s included.
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(ReaderLimit, total=settings.max_streams, per_tenant=settings.max_streams_per_tenant)
     app.add_middleware(RequestMetrics, metrics=metrics)
     return app
 

@@ -11,10 +11,11 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from producer.gateway import openai_format as fmt
 from producer.gateway import sse
-from schemas.fold import Assembly
+from schemas.fold import Assembly, ReplyGap
 from producer.gateway.auth import authenticate
 from producer.gateway.config import Principal, allowed_models
-from producer.gateway.errors import APIError, bad_request
+from producer.errors import JobNotFound
+from producer.gateway.errors import APIError, bad_request, job_expired_error, reply_gap_error
 from producer.gateway.openai_schemas import (
     ChatCompletionRequest, CompletionRequest, build_sampling, check_prompt_size,
 )
@@ -50,7 +51,7 @@ async def completions(req: CompletionRequest, request: Request, principal: Princ
                    priority=req.priority, tenant=principal.tenant,
                    deadline=time.time() + ctx.settings.request_timeout_s,
                    metadata={"route": "completions"})
-    job_id = await admit(ctx, job)
+    job_id = (await admit(ctx, job)).job_id
     ctx.metrics.jobs_submitted.labels(route="completions").inc()
     prefix = text if req.echo and text else ""
     if req.stream:
@@ -81,7 +82,7 @@ async def chat_completions(req: ChatCompletionRequest, request: Request, princip
     job = make_job(model=model, messages=messages, sampling=sampling, priority=req.priority,
                    tenant=principal.tenant, deadline=time.time() + ctx.settings.request_timeout_s,
                    metadata={"route": "chat.completions"})
-    job_id = await admit(ctx, job)
+    job_id = (await admit(ctx, job)).job_id
     ctx.metrics.jobs_submitted.labels(route="chat.completions").inc()
     if req.stream:
         return StreamingResponse(_stream(ctx, "chat", job_id, model, req.include_usage, logprobs_n, "",
@@ -133,6 +134,12 @@ async def _stream(ctx: Context, kind: str, job_id: str, model: str, include_usag
             except (RedisConnectionError, RedisTimeoutError):
                 failure = APIError(503, "the queue (Redis) became unreachable during the stream",
                                      code="redis_unavailable")
+                break
+            except ReplyGap as e:
+                failure = reply_gap_error(e)
+                break
+            except JobNotFound as e:
+                failure = job_expired_error(e)
                 break
             if piece is None:
                 if time.monotonic() - last_sent >= ctx.settings.keepalive_s:

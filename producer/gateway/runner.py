@@ -12,6 +12,7 @@ from fastapi import Request
 from pydantic import ValidationError
 
 from schemas import Job
+from producer.admission import Admitted
 from producer.errors import QueueFull, QueueUnavailable, RateLimited
 
 from schemas.fold import Assembly, Piece
@@ -34,14 +35,14 @@ def ctx_of(request: Request) -> Context:
 
 async def resolve_model(ctx: Context, name: Optional[str]) -> str:
     """404 for a model nobody serves, 503 when its workers are all gone (or, for
-    the default model, have not registered yet: a service still starting up)."""
+    a model on the allow-list, have not registered yet: a service starting up)."""
     model = name or ctx.default_model
     allow = allowed_models(ctx.settings)
     known = await ctx.backend.known_models()
     if allow and model not in allow:
         raise APIError(404, f"model '{model}' does not exist; this gateway serves: {', '.join(allow)}",
                        code="model_not_found", param="model")
-    if not allow and model not in known and model != ctx.default_model:
+    if not allow and model not in known:
         served = ", ".join(known) or "none yet (no worker has registered)"
         raise APIError(404, f"model '{model}' does not exist; models with workers: {served}",
                        code="model_not_found", param="model")
@@ -59,7 +60,7 @@ def make_job(**fields) -> Job:
         raise bad_request(problems) from None
 
 
-async def admit(ctx: Context, job: Job, idempotency_key: Optional[str] = None) -> str:
+async def admit(ctx: Context, job: Job, idempotency_key: Optional[str] = None) -> Admitted:
     try:
         admitted = await ctx.backend.submit(job, idempotency_key)
     except QueueUnavailable as e:
@@ -72,7 +73,7 @@ async def admit(ctx: Context, job: Job, idempotency_key: Optional[str] = None) -
         ctx.metrics.rejected.labels(reason="rate_limited").inc()
         raise APIError(429, str(e), code="rate_limited",
                        headers={"Retry-After": str(max(1, math.ceil(e.retry_after)))}) from None
-    return admitted.job_id
+    return admitted
 
 
 # Worker error codes that mean the request itself was bad.
