@@ -281,3 +281,34 @@ def test_worker_and_sdks_ride_out_a_master_kill(sentinel_deployment, tiny_model,
     p.close()
     observer.close()
     r_new.close()
+
+
+# -- operator tools in sentinel mode ------------------------------------------------
+
+
+def test_doctor_and_up_use_the_sentinel_master(sentinel_deployment, monkeypatch, tmp_path):
+    from inferq.doctor import redis_warnings
+    from inferq.embedded_redis import EmbeddedRedisError
+    from inferq.up import Supervisor, UpOptions
+
+    d = sentinel_deployment
+    for k, v in d.env().items():
+        monkeypatch.setenv(k, v)
+    # doctor reads the master's configuration (these nodes run without AOF: it says so).
+    warnings = redis_warnings()
+    assert any("appendonly no" in w for w in warnings), warnings
+    assert not any("cannot" in w for w in warnings), warnings
+    assert not any("INFERQ_ADMISSION_REPLICAS" in w for w in warnings)
+    monkeypatch.setenv("INFERQ_ADMISSION_REPLICAS", "2")  # one replica exists
+    assert any("1 connected replica" in w for w in redis_warnings())
+    monkeypatch.setenv("INFERQ_ADMISSION_REPLICAS", "1")
+    assert not any("INFERQ_ADMISSION_REPLICAS" in w for w in redis_warnings())
+
+    # up uses the deployment (its children inherit the INFERQ_REDIS_* settings) and starts no Redis of its own.
+    sup = Supervisor(UpOptions(data_dir=str(tmp_path / "up")))
+    sup.start_redis()
+    assert sup.redis is None and sup._child_env()["INFERQ_REDIS_MODE"] == "sentinel"
+    # ... and says so plainly when no sentinel answers, rather than starting a stand-in.
+    monkeypatch.setenv("INFERQ_REDIS_SENTINELS", "127.0.0.1:1")
+    with pytest.raises(EmbeddedRedisError, match="sentinel"):
+        Supervisor(UpOptions(data_dir=str(tmp_path / "up2"))).start_redis()
