@@ -312,3 +312,24 @@ def test_doctor_and_up_use_the_sentinel_master(sentinel_deployment, monkeypatch,
     monkeypatch.setenv("INFERQ_REDIS_SENTINELS", "127.0.0.1:1")
     with pytest.raises(EmbeddedRedisError, match="sentinel"):
         Supervisor(UpOptions(data_dir=str(tmp_path / "up2"))).start_redis()
+
+
+def test_celery_broker_and_backend_go_through_the_sentinels(sentinel_deployment, monkeypatch):
+    pytest.importorskip("celery", reason="the celery extra is not installed")
+    from producer.celery_app import make_celery
+
+    d = sentinel_deployment
+    for k, v in d.env().items():
+        monkeypatch.setenv(k, v)
+    app = make_celery()
+    assert app.conf.broker_url.startswith("sentinel://127.0.0.1:") and app.conf.broker_url.count(";") == 2
+    assert app.conf.broker_transport_options["master_name"] == SERVICE
+    with app.connection_for_write() as c:
+        c.ensure_connection(max_retries=3)
+        with c.SimpleQueue("inferq-sentinel-probe") as q:
+            q.put({"hello": "sentinel"})
+            assert q.get(timeout=10).payload == {"hello": "sentinel"}
+    app.backend.set("inferq-sentinel-probe", "42")
+    r = sync_client(d.settings())
+    assert r.get("inferq-sentinel-probe") == b"42"  # written on the master the sentinels name
+    r.close()
