@@ -22,6 +22,7 @@ import asyncio
 import threading
 import time
 
+import httpx
 import pytest
 import redis
 
@@ -30,6 +31,7 @@ from producer.client import TextFollower
 from schemas import SamplingParams, keys
 from schemas.connection import RedisSettings, async_client, sync_client
 from schemas.fold import ReplyFilter
+from tests.gateway.stack import running_gateway
 from tests.reliability.streams import Watched, watch
 from tests.sentinel.conftest import SERVICE, wait_for
 
@@ -235,15 +237,30 @@ def test_worker_and_sdks_ride_out_a_master_kill(sentinel_deployment, tiny_model,
 
     sync_prompts = [f"sentinel sync job {i}: " + "lorem ipsum " * i for i in range(3)]
     async_prompts = [f"sentinel async job {i}: " + "dolor sit " * i for i in range(3)]
+    gateway_prompt = "sentinel gateway job: amet"
     p = Producer(settings=settings)
-    handles = [p.submit(pr, sampling=greedy()) for pr in sync_prompts]
+    # The gateway in sentinel mode (its async pool bounded), WAIT 1 too.
+    with running_gateway("redis://mymaster/0", producer=dict(
+            redis_mode="sentinel", redis_sentinels=sentinels, redis_sentinel_master=SERVICE,
+            admission_replicas=1, default_model=MODEL)) as gw:
+        resp = httpx.post(f"{gw}/v1/jobs", json={"model": MODEL, "prompt": gateway_prompt, "sampling": greedy()},
+                          timeout=30)
+        assert resp.status_code == 202, resp.text
+        assert (resp.json()["replicas"], resp.json()["replicated"]) == (1, True)
+        handles = [p.submit(pr, sampling=greedy()) for pr in sync_prompts] + [p.job(resp.json()["id"])]
+        _check_failover(d, worker, p, settings, handles, sync_prompts + [gateway_prompt], async_prompts,
+                        offline_llm, observer, gw)
+
+
+def _check_failover(d, worker, p, settings, handles, sync_prompts, async_prompts, offline_llm, observer, gw):
     watched = [watch(h) for h in handles]
     submitted, aout = threading.Event(), {}
     athread = _awatch_all(settings, async_prompts, submitted, aout)
     assert submitted.wait(60) and "error" not in aout, aout.get("error")
     all_handles = handles + aout["handles"]
-    # Every counted job was acknowledged by the replica before submit returned.
-    assert all(h.replicas == 1 and h.replicated for h in all_handles)
+    # Every counted job was acknowledged by the replica before submit returned
+    # (the gateway's said so in its answer; its handle here is p.job(id)).
+    assert all(h.replicas == 1 and h.replicated for h in handles[:-1] + aout["handles"])
 
     def deltas(job_id: str) -> int:
         return sum(1 for _, f in observer.xrange(keys.reply(job_id)) if f[b"type"] == b"delta")
@@ -273,11 +290,14 @@ def test_worker_and_sdks_ride_out_a_master_kill(sentinel_deployment, tiny_model,
     # Finished jobs are acked and deleted on the new master; nothing waits, nothing dead-lettered.
     wait_for(lambda: r_new.xlen(keys.jobs(MODEL)) == 0, 30, what="job stream empty")
     assert r_new.xlen(keys.dlq(MODEL)) == 0
+    # The gateway found the new master too: it reports its job done, with the same text.
+    gw_job = httpx.get(f"{gw}/v1/jobs/{handles[-1].id}", timeout=30).json()
+    assert gw_job["status"] == "done" and gw_job["text"] == expected[len(sync_prompts) - 1].text, gw_job
     assert worker.proc.poll() is None, worker.log()[-3000:]
     # The worker saw the master go (it retried) and carried on.
     assert "redis_unavailable_retrying" in worker.log() or "redis_refusing_writes_retrying" in worker.log()
-    print(f"\n[sentinel] master {old} killed mid-run, {new} promoted; {len(all_handles)} jobs (3 sync, 3 async, "
-          f"WAIT 1) finished once each with the offline text")
+    print(f"\n[sentinel] master {old} killed mid-run, {new} promoted; {len(all_handles)} jobs (sync SDK, gateway, "
+          f"async SDK; WAIT 1) finished once each with the offline text")
     p.close()
     observer.close()
     r_new.close()
