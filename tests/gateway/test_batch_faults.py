@@ -1,0 +1,164 @@
+"""The Batch API under cancel and failures, with real processes: a paced worker
+(--step-pace-s) keeps the batch surely mid-run while the test acts, and every
+wait is on observed progress (request counts, the job map), never on time."""
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import redis
+from openai import OpenAI
+
+from schemas import keys
+from schemas.text import as_str
+from tests.conftest import RedisServer
+from tests.gateway.stack import running_gateway
+from tests.service.conftest import WorkerProc
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    s = RedisServer(tmp_path_factory.mktemp("redis-batch")).start()
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    from tests.tiny_models import save_tiny_model
+
+    return save_tiny_model("llama", tmp_path_factory.mktemp("tiny") / "llama")
+
+
+@pytest.fixture
+def workers(tmp_path):
+    procs: list[WorkerProc] = []
+
+    def start(url, model_dir, served, wid, *extra) -> WorkerProc:
+        w = WorkerProc(url, model_dir, served, tmp_path, wid, *extra)
+        procs.append(w)
+        return w.wait_ready()
+
+    yield start
+    for w in procs:
+        w.kill()
+        w.terminate()
+
+
+def lines_for(model: str, n: int, max_tokens: int) -> tuple[bytes, dict[str, dict]]:
+    bodies = {f"r{i}": {"model": model, "messages": [{"role": "user", "content": f"Tell me about {i}"}],
+                        "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True} for i in range(n)}
+    data = "\n".join(json.dumps({"custom_id": k, "method": "POST", "url": "/v1/chat/completions", "body": v})
+                     for k, v in bodies.items())
+    return data.encode(), bodies
+
+
+def client(url: str) -> OpenAI:
+    return OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+def wait_batch(c: OpenAI, batch_id: str, pred, what: str, timeout: float = 300):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        b = c.batches.retrieve(batch_id)
+        if pred(b):
+            return b
+        time.sleep(0.1)
+    raise TimeoutError(f"{what}: batch stayed {b.status} {b.request_counts}")
+
+
+def outputs(c: OpenAI, file_id) -> list[dict]:
+    if file_id is None:
+        return []
+    return [json.loads(x) for x in c.files.content(file_id).text.splitlines() if x.strip()]
+
+
+def job_map(url: str, batch_id: str) -> dict[str, str]:
+    r = redis.Redis.from_url(url)
+    try:
+        return {as_str(k): as_str(v) for k, v in r.hgetall(keys.batch_jobs(batch_id)).items()}
+    finally:
+        r.close()
+
+
+def test_cancel_mid_run_stops_the_remaining_lines(server, tiny, workers, tmp_path):
+    model = "bt-cancel"
+    workers(server.url, tiny, model, "c1", "--step-pace-s", "0.1", "--max-num-seqs", "4")
+    data, bodies = lines_for(model, 30, max_tokens=10)  # >= 1 s per line, 4 at a time: >= 8 s in all
+    with running_gateway(server.url, files_dir=str(tmp_path / "files"), batch_max_in_flight=4) as url:
+        c = client(url)
+        f = c.files.create(file=("in.jsonl", data), purpose="batch")
+        b = c.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h")
+        wait_batch(c, b.id, lambda x: x.request_counts.completed >= 1, "first line done")
+        cancelled = c.batches.cancel(b.id)
+        assert cancelled.status == "cancelling" and cancelled.cancelling_at
+        b = wait_batch(c, b.id, lambda x: x.status not in ("cancelling", "in_progress"), "cancelled")
+        assert b.status == "cancelled" and b.cancelled_at
+        submitted = job_map(server.url, b.id)
+        out, errs = outputs(c, b.output_file_id), outputs(c, b.error_file_id)
+        counts = b.request_counts
+        # The remaining lines stopped: fewer ran than the batch had, and nothing more is submitted.
+        assert counts.total == 30 and counts.completed < 30
+        assert len(out) == counts.completed and counts.failed == 0
+        stopped = [e for e in errs if e["error"]["code"] == "batch_cancelled"]
+        assert stopped and len(out) + len(stopped) == counts.total
+        assert {o["custom_id"] for o in out}.isdisjoint({e["custom_id"] for e in stopped})
+        assert len(submitted) < 30
+        # No job of the batch is left queued or running.
+        r = redis.Redis.from_url(server.url)
+        try:
+            assert r.xlen(keys.jobs(model)) == 0
+            assert r.xpending(keys.jobs(model), keys.JOBS_GROUP)["pending"] == 0
+        finally:
+            r.close()
+        time.sleep(0.5)  # a driver that kept going would have submitted more by now
+        assert job_map(server.url, b.id) == submitted
+
+
+def test_worker_killed_mid_batch_loses_nothing(server, tiny, workers, tmp_path):
+    model = "bt-kill"
+    first = workers(server.url, tiny, model, "k1", "--step-pace-s", "0.05", "--max-num-seqs", "4")
+    data, bodies = lines_for(model, 12, max_tokens=8)
+    with running_gateway(server.url, files_dir=str(tmp_path / "files"), batch_max_in_flight=4) as url:
+        c = client(url)
+        f = c.files.create(file=("in.jsonl", data), purpose="batch")
+        b = c.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h")
+        wait_batch(c, b.id, lambda x: x.request_counts.completed >= 2, "two lines done")
+        first.kill()  # mid-batch: lines are running on it and more are queued
+        assert c.batches.retrieve(b.id).request_counts.completed < 12
+        workers(server.url, tiny, model, "k2")
+        b = wait_batch(c, b.id, lambda x: x.status == "completed", "completed after the kill")
+        assert b.request_counts.completed == 12 and b.request_counts.failed == 0
+        out = outputs(c, b.output_file_id)
+        assert sorted(o["custom_id"] for o in out) == sorted(bodies)
+        for o in out:
+            alone = c.chat.completions.create(**{k: v for k, v in bodies[o["custom_id"]].items()
+                                                if k != "ignore_eos"}, extra_body={"ignore_eos": True})
+            assert o["response"]["body"]["choices"][0]["message"]["content"] == alone.choices[0].message.content
+
+
+def test_batch_survives_a_gateway_restart(server, tiny, workers, tmp_path):
+    model = "bt-restart"
+    workers(server.url, tiny, model, "g1", "--step-pace-s", "0.05", "--max-num-seqs", "4")
+    data, bodies = lines_for(model, 16, max_tokens=6)
+    files_dir = str(tmp_path / "files")
+    with running_gateway(server.url, files_dir=files_dir, batch_max_in_flight=4) as url:
+        c = client(url)
+        f = c.files.create(file=("in.jsonl", data), purpose="batch")
+        b = c.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h")
+        wait_batch(c, b.id, lambda x: x.request_counts.completed >= 2, "two lines done")
+    # The first gateway is gone mid-batch; a new one on the same Redis and files dir takes over.
+    before = job_map(server.url, b.id)
+    assert 2 <= len(before) < 16
+    with running_gateway(server.url, files_dir=files_dir, batch_max_in_flight=4) as url:
+        c = client(url)
+        b = wait_batch(c, b.id, lambda x: x.status == "completed", "completed after the restart")
+        assert b.request_counts.completed == 16 and b.request_counts.failed == 0
+        out = outputs(c, b.output_file_id)
+        after = job_map(server.url, b.id)
+    assert sorted(o["custom_id"] for o in out) == sorted(bodies)  # each line exactly once
+    # Lines enqueued before the restart kept their job (never enqueued twice).
+    assert all(after[k] == v for k, v in before.items())
+    assert {o["custom_id"]: o["response"]["request_id"] for o in out} == after
+    assert len(set(after.values())) == 16
