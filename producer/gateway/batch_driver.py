@@ -27,6 +27,7 @@ from typing import Optional
 import anyio
 
 from schemas import keys
+from schemas.job import new_job_id
 from schemas.fold import Assembly
 from schemas.follower import Follow, afollow
 from producer.errors import QueueFull, RateLimited
@@ -39,6 +40,7 @@ from producer.gateway.runner import Context, raise_for_error
 log = logging.getLogger("inferq.gateway.batch")
 
 LEASE_S = 15
+MAX_RESUBMITS = 3
 
 
 class _Gone(Exception):
@@ -191,13 +193,18 @@ class BatchRun:
             for t in running:
                 t.cancel()
 
-    async def _submit(self, line: Line) -> Optional[str]:
+    async def _submit(self, line: Line, resubmit: int = 0) -> Optional[str]:
         """Enqueue a line (custom_id as idempotency key scoped to the batch); waits out
-        QueueFull / RateLimited with backoff. None if the batch stops meanwhile."""
+        QueueFull / RateLimited with backoff. None if the batch stops meanwhile.
+        ``resubmit`` > 0: the line's earlier job left no result (its reply stream
+        expired while no gateway was following it): run it again as a new job."""
+        job, key = line.prepared.job, f"batch/{self.id}/{line.custom_id}"
+        if resubmit:
+            job, key = job.model_copy(update={"id": new_job_id()}), f"{key}#{resubmit}"
         delay = 0.2
         while self.stop_reason is None:
             try:
-                admitted = await self.ctx.backend.submit(line.prepared.job, f"batch/{self.id}/{line.custom_id}")
+                admitted = await self.ctx.backend.submit(job, key)
             except RateLimited as e:
                 await asyncio.sleep(min(max(e.retry_after, 0.05), 10.0))
                 continue
@@ -210,27 +217,35 @@ class BatchRun:
             return admitted.job_id
         return None
 
-    async def _follow(self, line: Line, job_id: str) -> None:
+    async def _follow(self, line: Line, job_id: Optional[str]) -> None:
         asm = Assembly()
-
-        def gone():
-            return _Gone()
-
-        plan = Follow(job_id, block_ms=1000, missing=gone, reconnect_timeout=300.0)
-        try:
-            async for _, event in afollow(self.ctx.backend.redis, keys.reply(job_id), plan):
-                asm.feed(event)
-                if asm.finished:
+        for resubmit in range(1, MAX_RESUBMITS + 1):
+            asm = Assembly()
+            plan = Follow(job_id, block_ms=1000, missing=_Gone, reconnect_timeout=300.0)
+            try:
+                async for _, event in afollow(self.ctx.backend.redis, keys.reply(job_id), plan):
+                    asm.feed(event)
+                    if asm.finished:
+                        break
+                break
+            except _Gone:
+                if self.stop_reason is not None:
                     break
-        except _Gone:
-            pass
+                log.warning("batch %s: line %s lost its result (job %s); running it again", self.id,
+                            line.number, job_id)
+                new_id = await self._submit(line, resubmit)
+                if new_id is None:
+                    break
+                self.inflight[line.request_id] = job_id = new_id
         await self._record(line, job_id, asm)
         self.inflight.pop(line.request_id, None)
         await self._save_counts()
 
     async def _record(self, line: Line, job_id: str, asm: Assembly) -> None:
-        if not asm.finished:
-            err = APIError(500, "the job's reply stream expired before it finished", code="result_lost")
+        if not asm.finished and self.stop_reason is not None:
+            await self.results.write(error_line(line, _stopped(self.stop_reason)), ok=False)
+        elif not asm.finished:
+            err = APIError(500, f"the job's result was lost {MAX_RESUBMITS} times", code="result_lost")
             await self.results.write(error_line(line, err, job_id), ok=False)
         elif asm.error_code is not None:
             try:

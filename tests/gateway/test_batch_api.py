@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import subprocess
+import sys
 import time
 
 import openai
 import pytest
 from openai import OpenAI
 
-from tests.gateway.stack import TINY, running_gateway
+from tests.gateway.stack import ROOT, TINY, running_gateway
 
 N_VALID_CHAT = 60
 
@@ -207,3 +210,50 @@ def test_upload_caps(stack, tmp_path):
             client.files.create(file=("many.jsonl", b"{}\n" * 4), purpose="batch")
         # Nothing of the refused uploads stays on disk.
         assert [p.name for p in tmp_path.iterdir() if not p.name.startswith(".")] == []
+
+
+def _cli(url: str, *args: str, key: str = "k-a") -> subprocess.CompletedProcess:
+    env = {**os.environ, "INFERQ_GATEWAY_URL": url, "INFERQ_API_KEY": key}
+    return subprocess.run([sys.executable, "-m", "inferq.cli", "batch", *args], capture_output=True, text=True,
+                          cwd=ROOT, env=env, timeout=300)
+
+
+def test_cli_submit_wait_status_download(batch_gateway, tmp_path):
+    src = tmp_path / "in.jsonl"
+    good = [{"custom_id": f"cli-{i}", "method": "POST", "url": "/v1/completions",
+             "body": {"model": TINY, "prompt": f"CLI {i}", "max_tokens": 2, "temperature": 0}} for i in range(3)]
+    bad = {"custom_id": "cli-bad", "method": "POST", "url": "/v1/completions", "body": {"model": TINY}}
+    src.write_text("\n".join(json.dumps(x) for x in [*good, bad]) + "\n")
+    r = _cli(batch_gateway, "submit", str(src), "--endpoint", "/v1/completions", "--wait", "--poll", "0.2",
+             "--metadata", "origin=cli")
+    assert r.returncode == 0, r.stderr
+    batch_id = r.stdout.split()[0]
+    assert batch_id.startswith("batch_") and "completed" in r.stdout and "3/4 completed, 1 failed" in r.stdout
+    r = _cli(batch_gateway, "status", batch_id, "--json")
+    status = json.loads(r.stdout)
+    assert status["status"] == "completed" and status["metadata"] == {"origin": "cli"}
+    r = _cli(batch_gateway, "download", batch_id, "-o", str(tmp_path / "out.jsonl"))
+    assert r.returncode == 0, r.stderr
+    out = parse_jsonl((tmp_path / "out.jsonl").read_text())
+    assert sorted(o["custom_id"] for o in out) == ["cli-0", "cli-1", "cli-2"]
+    r = _cli(batch_gateway, "download", batch_id, "--errors")
+    errs = parse_jsonl(r.stdout)
+    assert [e["custom_id"] for e in errs] == ["cli-bad"] and "prompt" in errs[0]["error"]["message"]
+    # Another tenant's key gets a clear error, not the batch.
+    r = _cli(batch_gateway, "status", batch_id, key="k-b")
+    assert r.returncode == 1 and "404" in r.stderr
+
+
+def test_sdk_helper(batch_gateway, tmp_path):
+    from producer.batch import BatchClient
+
+    src = tmp_path / "in.jsonl"
+    src.write_text(json.dumps({"custom_id": "sdk", "method": "POST", "url": "/v1/chat/completions",
+                               "body": chat_body(7)}) + "\n")
+    with BatchClient(batch_gateway, api_key="k-all") as bc:
+        b = bc.wait(bc.submit(src)["id"], poll_s=0.2, timeout=120)
+        assert b["status"] == "completed"
+        res = bc.results(b)
+        alone = client_for(batch_gateway, "k-all").chat.completions.create(**chat_body(7))
+        assert res["sdk"]["response"]["body"]["choices"][0]["message"]["content"] == alone.choices[0].message.content
+        assert bc.results(b, errors=True) == {}

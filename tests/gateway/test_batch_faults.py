@@ -162,3 +162,41 @@ def test_batch_survives_a_gateway_restart(server, tiny, workers, tmp_path):
     assert all(after[k] == v for k, v in before.items())
     assert {o["custom_id"]: o["response"]["request_id"] for o in out} == after
     assert len(set(after.values())) == 16
+
+
+def test_lines_whose_results_expired_while_no_gateway_ran_are_run_again(server, tiny, workers, tmp_path):
+    """A gateway down longer than the reply TTL: the lines that finished meanwhile
+    left no result to read; the next gateway runs them again instead of losing them."""
+    model = "bt-expired"
+    workers(server.url, tiny, model, "e1", "--step-pace-s", "0.05", "--max-num-seqs", "4")
+    data, bodies = lines_for(model, 10, max_tokens=6)
+    files_dir = tmp_path / "files"
+    with running_gateway(server.url, files_dir=str(files_dir), batch_max_in_flight=4) as url:
+        c = client(url)
+        f = c.files.create(file=("in.jsonl", data), purpose="batch")
+        b = c.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h")
+        wait_batch(c, b.id, lambda x: x.request_counts.completed >= 1, "a line done")
+    before = job_map(server.url, b.id)
+    partial = files_dir / f"batch_{b.id}.output.partial"
+    recorded = {json.loads(x)["custom_id"] for x in partial.read_text().splitlines()}
+    lost = {cid: job for cid, job in before.items() if cid not in recorded}
+    assert lost  # lines enqueued but not yet written when the gateway stopped
+    r = redis.Redis.from_url(server.url)
+    try:
+        for job in lost.values():  # let them finish, then expire their results
+            end = time.monotonic() + 120
+            while as_str(r.hget(keys.job_info(job), "status") or b"") not in ("done", "error", "cancelled"):
+                assert time.monotonic() < end, f"job {job} did not finish"
+                time.sleep(0.05)
+            r.delete(keys.reply(job), keys.job_info(job))
+    finally:
+        r.close()
+    with running_gateway(server.url, files_dir=str(files_dir), batch_max_in_flight=4) as url:
+        c = client(url)
+        b = wait_batch(c, b.id, lambda x: x.status == "completed", "completed after the results expired")
+        assert b.request_counts.completed == 10 and b.request_counts.failed == 0
+        out = {o["custom_id"]: o for o in outputs(c, b.output_file_id)}
+    assert sorted(out) == sorted(bodies)
+    for cid, job in lost.items():
+        assert out[cid]["response"]["request_id"] != job  # ran again as a new job
+        assert out[cid]["response"]["body"]["choices"][0]["message"]["content"]
