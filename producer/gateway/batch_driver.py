@@ -268,8 +268,7 @@ class BatchRun:
         return time.monotonic() - self._stop_at > self.ctx.settings.batch_cancel_grace_s
 
     async def _watch(self, batch: dict) -> None:
-        """Notice a cancel or the expiry; keep the driver lease."""
-        expires_at = float(batch["expires_at"])
+        """Notice a cancel or the expiry (read from the record each time); keep the driver lease."""
         while True:
             if not await self.store.acquire(self.id, self.owner, LEASE_S):
                 log.warning("batch %s: lost the driver lease", self.id)
@@ -278,7 +277,7 @@ class BatchRun:
                 self.stop_reason = "cancelled"
             elif rec["status"] == "cancelling":
                 self.stop_reason = "cancelled"
-            elif time.time() >= expires_at:
+            elif time.time() >= float(rec.get("expires_at") or "inf"):
                 self.stop_reason = "expired"
             if self.stop_reason:
                 await self._cancel_inflight()

@@ -200,3 +200,25 @@ def test_lines_whose_results_expired_while_no_gateway_ran_are_run_again(server, 
     for cid, job in lost.items():
         assert out[cid]["response"]["request_id"] != job  # ran again as a new job
         assert out[cid]["response"]["body"]["choices"][0]["message"]["content"]
+
+
+def test_expired_batch_stops_and_reports_the_rest(server, tiny, workers, tmp_path):
+    """completion_window is 24h; the test moves expires_at to now mid-run (as the
+    clock would) and the batch ends `expired` with the unrun lines reported."""
+    model = "bt-expire"
+    workers(server.url, tiny, model, "x1", "--step-pace-s", "0.1", "--max-num-seqs", "4")
+    data, bodies = lines_for(model, 20, max_tokens=10)
+    with running_gateway(server.url, files_dir=str(tmp_path / "files"), batch_max_in_flight=4) as url:
+        c = client(url)
+        f = c.files.create(file=("in.jsonl", data), purpose="batch")
+        b = c.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h")
+        wait_batch(c, b.id, lambda x: x.request_counts.completed >= 1, "a line done")
+        r = redis.Redis.from_url(server.url)
+        r.hset(keys.batch(b.id), "expires_at", int(time.time()))
+        r.close()
+        b = wait_batch(c, b.id, lambda x: x.status not in ("in_progress", "finalizing"), "expired")
+        assert b.status == "expired" and b.expired_at
+        out, errs = outputs(c, b.output_file_id), outputs(c, b.error_file_id)
+        assert 1 <= b.request_counts.completed < 20 and b.request_counts.failed == 0
+        assert len(out) == b.request_counts.completed
+        assert len(errs) == 20 - len(out) and all(e["error"]["code"] == "batch_expired" for e in errs)
