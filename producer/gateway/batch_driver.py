@@ -119,17 +119,18 @@ class BatchRun:
         batch = await self.store.get(self.id)
         if batch is None or batch["status"] not in ACTIVE:
             return
-        lines = await self._parse(batch)
-        if lines is None:
-            return  # the batch failed validation
-        await self._save_counts(len(lines))
-        moved = await self.store.transition(self.id, ("validating",), "in_progress")
-        if moved is None or moved not in ACTIVE:
-            return
-        if moved == "cancelling":
-            self.stop_reason = "cancelled"
-        watcher = asyncio.create_task(self._watch(batch))
+        # From the start: keeps the lease while a large file is validated, and sees a cancel.
+        watcher = asyncio.create_task(self._watch())
         try:
+            lines = await self._parse(batch)
+            if lines is None:
+                return  # the batch failed validation
+            await self._save_counts(len(lines))
+            moved = await self.store.transition(self.id, ("validating",), "in_progress")
+            if moved is None or moved not in ACTIVE:
+                return
+            if moved == "cancelling":
+                self.stop_reason = "cancelled"
             await self._drive(batch, lines)
         finally:
             watcher.cancel()
@@ -154,6 +155,8 @@ class BatchRun:
         seen: set[str] = set()
         lines = []
         for n, raw in enumerate(raw_lines, start=1):
+            if n % 200 == 0:
+                await asyncio.sleep(0)  # a large file must not hold up the gateway's other requests
             line = await parse_line(self.ctx, batch, n, raw, seen)
             if line.error is not None and line.request_id not in self.results.done:
                 await self.results.write(error_line(line, line.error), ok=False)
@@ -267,7 +270,7 @@ class BatchRun:
             self._stop_at = time.monotonic()
         return time.monotonic() - self._stop_at > self.ctx.settings.batch_cancel_grace_s
 
-    async def _watch(self, batch: dict) -> None:
+    async def _watch(self) -> None:
         """Notice a cancel or the expiry (read from the record each time); keep the driver lease."""
         while True:
             if not await self.store.acquire(self.id, self.owner, LEASE_S):
