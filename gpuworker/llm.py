@@ -98,7 +98,6 @@ class LLM:
                 )
                 for rid in rids
             ]
-            first = outs[0]
-            first.samples = outs  # type: ignore[attr-defined]
-            results.append(first)
+            outs[0].samples = outs
+            results.append(outs[0])
         return results

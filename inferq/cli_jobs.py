@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 
 from inferq.cli_common import err, friendly_errors, out, producer
 

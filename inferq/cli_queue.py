@@ -11,6 +11,7 @@ from schemas.records import DeadLetter
 from schemas.text import as_str
 from inferq.cli_common import err, friendly_errors, out, producer
 from schemas.connection import redact_url
+from producer.errors import InferqError
 from producer.queue_stats import all_stats, discover_models
 
 
@@ -108,8 +109,10 @@ def cmd_dlq(args) -> int:
 
 def _retry(p, models, wanted: set[str], everything: bool) -> int:
     """Requeue under the same job id, with a fresh reply stream: clients that
-    poll the job see it queued again. Goes through admission (backlog bound)."""
-    from producer.admission import ADMISSION_LUA, interpret, script_args, script_keys
+    poll the job see it queued again. Goes through admission (backlog bound);
+    the old records are replaced inside the admission step, so a refusal
+    (QueueFull, Redis out of memory) leaves the DLQ entry and records intact."""
+    from producer.admission import ADMISSION_LUA, admit as admit_job
 
     admit = p.redis.register_script(ADMISSION_LUA)
     from rich.progress import track
@@ -117,14 +120,23 @@ def _retry(p, models, wanted: set[str], everything: bool) -> int:
     todo = [(m, eid, f) for m in models for eid, f in _entries(p, m) if everything or eid in wanted]
     done, failed = 0, 0
     for m, eid, f in track(todo, description="requeueing", console=err, disable=len(todo) < 20):
+        if '"redacted": true' in f.get("job", ""):
+            err.print(f"[yellow]skip[/yellow] {eid}: its payload was redacted (INFERQ_DLQ_PAYLOAD=redact), so it "
+                      "cannot be run again")
+            failed += 1
+            continue
         try:
             job = Job.model_validate_json(f.get("job", ""))
         except Exception as e:
             err.print(f"[yellow]skip[/yellow] {eid}: the payload is not a valid job ({str(e)[:200]})")
             failed += 1
             continue
-        p.redis.delete(keys.reply(job.id), keys.job_info(job.id), keys.cancel(job.id))
-        interpret(admit(keys=script_keys(job, None), args=script_args(job, None, p.settings)), job, p.settings)
+        try:
+            admit_job(p.redis, admit, job, None, p.settings, reset=True)
+        except InferqError as e:
+            err.print(f"[yellow]not requeued[/yellow] {eid}: {e}")
+            failed += 1
+            continue
         p.redis.xdel(keys.dlq(m), eid)
         out.print(f"requeued job {job.id} (was DLQ entry {eid})")
         done += 1

@@ -16,6 +16,8 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from inferq.processes import terminate
+
 
 class EmbeddedRedisError(RuntimeError):
     pass
@@ -148,14 +150,8 @@ class EmbeddedRedis:
 
     def stop(self, timeout: float = 10.0) -> None:
         """SIGTERM makes redis-server flush the AOF and exit."""
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        if self.proc is not None:
+            terminate(self.proc, timeout)
 
     def __enter__(self) -> "EmbeddedRedis":
         return self.start()

@@ -21,8 +21,10 @@ from typing import Optional
 from rich.console import Console
 
 from schemas import keys
-from schemas.connection import redact_url
+from schemas.connection import RedisSettings, redact_url, sync_client
+from schemas.policy import QueuePolicy
 from inferq.embedded_redis import EmbeddedRedis, EmbeddedRedisError, free_port, port_is_free, stored_password
+from inferq.processes import terminate
 
 DEFAULT_GATEWAY_PORT = 8000
 DEFAULT_REDIS_PORT = 6379
@@ -57,8 +59,6 @@ def _pick_port(wanted: Optional[int], default: int, host: str = "127.0.0.1") -> 
 
 
 def _redis_reachable(url: str) -> bool:
-    from schemas.connection import RedisSettings, sync_client
-
     try:
         r = sync_client(RedisSettings(redis_url=url, socket_connect_timeout=2, socket_timeout=2))
         ok = bool(r.ping())
@@ -87,13 +87,7 @@ class Child:
         return self.proc.poll() is None
 
     def stop(self, timeout: float) -> None:
-        if self.alive():
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        terminate(self.proc, timeout)
         self._log.close()
 
     def tail(self, lines: int = 25) -> str:
@@ -119,7 +113,8 @@ class Supervisor:
 
     # -- start ----------------------------------------------------------
     def start_redis(self) -> None:
-        url = os.environ.get("INFERQ_REDIS_URL")
+        given = RedisSettings()
+        url = given.redis_url if "redis_url" in given.model_fields_set else None  # set by INFERQ_REDIS_URL
         if url:
             if _redis_reachable(url):
                 self.redis_url = url
@@ -170,11 +165,11 @@ class Supervisor:
 
     def start_gateway(self, port: int) -> None:
         env = self._child_env()
-        # The gateway's default model is the one this worker serves: a request
-        # without a model (or sent before the worker registers) gets a 503, not a 404.
+        # The gateway offers the model this worker serves (its default, and its
+        # allow-list): a request sent before the worker registers gets a 503, not
+        # a 404, and on a shared Redis another model's workers cannot make it say
+        # "ready" before its own worker is up.
         env["INFERQ_DEFAULT_MODEL"] = self.model
-        # ... and its readiness is about that model: on a shared Redis another
-        # model's workers must not make it say "ready" before its own worker is up.
         env.setdefault("INFERQ_GATEWAY_MODELS", self.model)
         if self.opts.api_keys is not None:
             env["INFERQ_GATEWAY_API_KEYS"] = self.opts.api_keys
@@ -308,9 +303,8 @@ class Supervisor:
         if self.gateway:
             self.gateway.stop(timeout=10)
         if self.worker:
-            # The worker drains in-flight jobs on SIGTERM (drain timeout 30 s by default).
-            drain = float(os.environ.get("INFERQ_DRAIN_TIMEOUT", "30"))
-            self.worker.stop(timeout=drain + 15)
+            # The worker drains in-flight jobs on SIGTERM, for the policy's drain timeout.
+            self.worker.stop(timeout=QueuePolicy().drain_timeout + 15)
         if self.redis:
             self.redis.stop()
         self.console.print("[green]✓[/green] stopped")

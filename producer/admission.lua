@@ -1,8 +1,10 @@
 -- inferq admission: one atomic step per submit.
--- KEYS: 1 jobs stream, 2 reply stream, 3 job info hash, 4 idempotency key, 5 rate bucket
+-- KEYS: 1 jobs stream, 2 reply stream, 3 job info hash, 4 idempotency key, 5 rate bucket, 6 cancel flag
 -- ARGV: 1 job id, 2 max backlog (0 = none), 3 ttl (s) of reply/info while waiting, 4 idempotency ttl (s),
 --       5 rate (jobs/s, 0 = off), 6 burst, 7 reply maxlen, 8 use idempotency ("1"/"0"),
 --       9 name of the info field that gets the job's entry id,
+--       10 reset ("1": a re-admission, e.g. from the DLQ: the job's old reply stream, record and
+--          cancel flag are deleted here, after every check passed, so a refusal loses nothing),
 --       then three field lists, each as a count followed by field/value pairs, written exactly as
 --       given (their names come from schemas): the job entry, the queued event, the job info hash.
 -- Returns {"ok", entry id, depth} | {"dup", existing job id} | {"full", depth} | {"rate", retry after s}
@@ -45,7 +47,11 @@ if rate > 0 then
   redis.call("EXPIRE", KEYS[5], math.ceil(burst / rate) + 60)
 end
 
-local job_fields, next_at = fields(10)
+if ARGV[10] == "1" then
+  redis.call("DEL", KEYS[2], KEYS[3], KEYS[6])
+end
+
+local job_fields, next_at = fields(11)
 local event_fields, info_at = fields(next_at)
 local info_fields = fields(info_at)
 

@@ -24,6 +24,8 @@ class Admitted:
     entry_id: Optional[str]  # None when an idempotency key matched an earlier job
     depth: Optional[int]
     duplicate: bool
+    # For a duplicate: the earlier job's current status (queued, running, done, ...).
+    status: str = records.QUEUED
 
 
 def script_keys(job: Job, idempotency_key: Optional[str]) -> list[str]:
@@ -32,11 +34,20 @@ def script_keys(job: Job, idempotency_key: Optional[str]) -> list[str]:
         keys.jobs(job.model),
         keys.reply(job.id),
         keys.job_info(job.id),
-        # Scoped by tenant: one tenant's key must never return another tenant's job.
-        keys.idempotency(job.model, f"tenant={job.tenant}/{idempotency_key}" if idempotency_key and job.tenant
-                         else idempotency_key or "-"),
+        idempotency_key_name(job, idempotency_key),
         keys.rate(job.tenant or "-"),
+        keys.cancel(job.id),
     ]
+
+
+def idempotency_key_name(job: Job, key: Optional[str]) -> str:
+    """Scoped by tenant, encoded so no (tenant, key) pair can spell another's:
+    the tenant's length is part of the name, and callers without a tenant have
+    their own prefix (an unrestricted "t5:acme:x" is not tenant acme's "x")."""
+    if not key:
+        return keys.idempotency(job.model, "-")
+    scope = f"t{len(job.tenant)}:{job.tenant}:" if job.tenant else "u:"
+    return keys.idempotency(job.model, scope + key)
 
 
 def _counted(fields: dict) -> list:
@@ -44,7 +55,7 @@ def _counted(fields: dict) -> list:
     return [len(flat), *flat]
 
 
-def script_args(job: Job, idempotency_key: Optional[str], s: ProducerSettings) -> list:
+def script_args(job: Job, idempotency_key: Optional[str], s: ProducerSettings, reset: bool = False) -> list:
     queued = encode_event(QueuedEvent(attempt=0, seq=0, model=job.model))
     info = records.info_queued(job.model, job.tenant, job.created_at, job.deadline)
     rate = s.rate_limit if job.tenant else 0.0
@@ -58,6 +69,7 @@ def script_args(job: Job, idempotency_key: Optional[str], s: ProducerSettings) -
         s.reply_maxlen,
         "1" if idempotency_key else "0",
         records.ENTRY_ID,
+        "1" if reset else "0",
         *_counted(job.to_fields()),
         *_counted(queued),
         *_counted(info),
@@ -72,6 +84,53 @@ REFUSING_WRITES = (redis.exceptions.OutOfMemoryError, redis.exceptions.ReadOnlyE
 def refused(job: Job, e: Exception) -> QueueUnavailable:
     return QueueUnavailable(job.model, "out of memory" if isinstance(e, redis.exceptions.OutOfMemoryError)
                             else "read-only replica")
+
+
+# Forget an idempotency key only while it still names the job we found gone.
+_FORGET_KEY = """
+if redis.call("GET", KEYS[1]) == ARGV[1] then
+  return redis.call("DEL", KEYS[1])
+end
+return 0
+"""
+
+
+def admit(r, script, job: Job, idempotency_key: Optional[str], s: ProducerSettings, reset: bool = False) -> Admitted:
+    """Admission as every producer runs it (sync): the script, then for a
+    duplicate the earlier job's real status. A key that outlived its job's
+    records (they expired) is forgotten and the job admitted anew."""
+    for _ in range(2):
+        try:
+            adm = interpret(script(keys=script_keys(job, idempotency_key),
+                                   args=script_args(job, idempotency_key, s, reset)), job, s)
+        except REFUSING_WRITES as e:
+            raise refused(job, e) from None
+        if not adm.duplicate:
+            return adm
+        status = r.hget(keys.job_info(adm.job_id), records.STATUS)
+        if status is not None:
+            adm.status = as_str(status)
+            return adm
+        r.eval(_FORGET_KEY, 1, idempotency_key_name(job, idempotency_key), adm.job_id)
+    return adm
+
+
+async def aadmit(r, script, job: Job, idempotency_key: Optional[str], s: ProducerSettings) -> Admitted:
+    """Async twin of ``admit`` (redis.asyncio client and script)."""
+    for _ in range(2):
+        try:
+            adm = interpret(await script(keys=script_keys(job, idempotency_key),
+                                         args=script_args(job, idempotency_key, s)), job, s)
+        except REFUSING_WRITES as e:
+            raise refused(job, e) from None
+        if not adm.duplicate:
+            return adm
+        status = await r.hget(keys.job_info(adm.job_id), records.STATUS)
+        if status is not None:
+            adm.status = as_str(status)
+            return adm
+        await r.eval(_FORGET_KEY, 1, idempotency_key_name(job, idempotency_key), adm.job_id)
+    return adm
 
 
 def interpret(reply: list, job: Job, s: ProducerSettings) -> Admitted:

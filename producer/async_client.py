@@ -12,12 +12,11 @@ from __future__ import annotations
 import time
 from typing import Any, AsyncIterator, Optional
 
-from schemas import keys, records
+from schemas import keys, transitions
 from schemas.follower import afollow
 from schemas.text import as_str
 
-from producer.admission import (ADMISSION_LUA, REFUSING_WRITES, Admitted, interpret, refused, script_args,
-                                script_keys)
+from producer.admission import ADMISSION_LUA, aadmit
 from producer.client import JobResult, ResultBuilder, TextFollower, build_job, follow_plan, parse_status, resolve_settings
 from producer.errors import JobNotFound
 from producer.settings import ProducerSettings
@@ -65,11 +64,7 @@ class AsyncJobHandle:
     async def cancel(self) -> bool:
         if not await self._exists():
             raise JobNotFound(self.id)
-        pipe = self._p.redis.pipeline(transaction=False)
-        pipe.set(keys.cancel(self.id), "1", ex=self._p.settings.live_ttl)
-        pipe.hget(keys.job_info(self.id), records.STATUS)
-        _, status = await pipe.execute()
-        return status is None or as_str(status) not in records.FINAL_STATUSES
+        return bool(await transitions.request_cancel(self._p.redis, job_id=self.id, ttl=self._p.settings.live_ttl))
 
     async def status(self) -> dict:
         pipe = self._p.redis.pipeline(transaction=False)
@@ -104,12 +99,7 @@ class AsyncProducer:
 
     async def submit(self, prompt: Optional[str] = None, *, idempotency_key: Optional[str] = None, **kw: Any) -> AsyncJobHandle:
         job = build_job(self.default_model, prompt, idempotency_key=idempotency_key, **kw)
-        try:
-            reply = await self._admit(keys=script_keys(job, idempotency_key),
-                                      args=script_args(job, idempotency_key, self.settings))
-        except REFUSING_WRITES as e:
-            raise refused(job, e) from None
-        adm: Admitted = interpret(reply, job, self.settings)
+        adm = await aadmit(self.redis, self._admit, job, idempotency_key, self.settings)
         return AsyncJobHandle(self, adm.job_id, entry_id=adm.entry_id, duplicate=adm.duplicate)
 
     def job(self, job_id: str) -> AsyncJobHandle:

@@ -13,17 +13,17 @@ from __future__ import annotations
 
 import re
 import time
-from dataclasses import dataclass, field
+import warnings
+from dataclasses import dataclass
 from typing import Any, Iterator, Optional, Union
 
-from schemas import SamplingParams, Timings, Usage, keys, records
+from schemas import SamplingParams, Timings, Usage, keys, records, transitions
 from schemas.fold import Assembly
 from schemas.follower import Follow, follow
 from schemas.job import ChatMessage, Job
 from schemas.text import as_str
 
-from producer.admission import (ADMISSION_LUA, REFUSING_WRITES, Admitted, interpret, refused, script_args,
-                                script_keys)
+from producer.admission import ADMISSION_LUA, admit
 from producer.errors import JobFailed, JobNotFound, JobRestarted
 from producer.settings import ProducerSettings
 from schemas.connection import sync_client
@@ -122,36 +122,36 @@ class ResultBuilder:
 
 
 class TextFollower:
-    """Text pieces for a reader that cannot take text back. A redelivered job
-    (new attempt) is followed silently while it reproduces what was already
-    shown (greedy or seeded jobs do); if it diverges, JobRestarted is raised."""
+    """Text pieces for a reader that cannot take text back, over the same fold.
+    A redelivered job (new attempt) is followed silently while it reproduces
+    what was already shown (greedy or seeded jobs do); if it diverges,
+    JobRestarted is raised."""
 
     def __init__(self, job_id: str, on_restart: str = "follow") -> None:
         if on_restart not in ("follow", "raise"):
             raise ValueError("on_restart must be 'follow' or 'raise'")
         self.job_id = job_id
         self.on_restart = on_restart
+        self.fold = Assembly()
         self.shown = ""
-        self.current = ""
-        self.attempt = 0
 
     def feed(self, ev) -> Optional[str]:
-        if ev.attempt > self.attempt or ev.type == "restarted":
-            if self.shown and self.on_restart == "raise":
-                raise JobRestarted(self.job_id, ev.attempt, self.shown)
-            self.attempt, self.current = ev.attempt, ""
-        if ev.type == "error":
-            raise JobFailed(self.job_id, ev.code, ev.message)
+        starts_over = ev.attempt > self.fold.attempt or ev.type == "restarted"
+        if starts_over and self.shown and self.on_restart == "raise":
+            raise JobRestarted(self.job_id, ev.attempt, self.shown)
+        self.fold.feed(ev)
+        if self.fold.error_code is not None:
+            raise JobFailed(self.job_id, self.fold.error_code, self.fold.error_message or "")
         if ev.type != "delta" or not ev.text:
             return None
-        self.current += ev.text
-        n = min(len(self.current), len(self.shown))
-        if self.current[:n] != self.shown[:n]:
+        current = self.fold.text
+        n = min(len(current), len(self.shown))
+        if current[:n] != self.shown[:n]:
             raise JobRestarted(self.job_id, ev.attempt, self.shown)
-        if len(self.current) <= len(self.shown):
+        if len(current) <= len(self.shown):
             return None
-        piece = self.current[len(self.shown):]
-        self.shown = self.current
+        piece = current[len(self.shown):]
+        self.shown = current
         return piece
 
 
@@ -162,6 +162,11 @@ def parse_status(job_id: str, info: dict, cancel_requested: bool) -> dict:
 def resolve_settings(settings: Optional[ProducerSettings], **given: Any) -> ProducerSettings:
     """Explicit arguments win over ``settings``, which win over INFERQ_* env."""
     update = {k: v for k, v in given.items() if v is not None}
+    if "reply_ttl" in update:
+        # The producer's TTL was once called reply_ttl; it is how long a job's keys
+        # live while it waits or runs (live_ttl). reply_ttl is the after-done TTL.
+        warnings.warn("Producer(reply_ttl=...) is now Producer(live_ttl=...)", DeprecationWarning, stacklevel=3)
+        update.setdefault("live_ttl", update.pop("reply_ttl"))
     if settings is None:
         return ProducerSettings(**update)
     if not update:
@@ -232,11 +237,7 @@ class JobHandle:
         r = self._p.redis
         if not self._exists():
             raise JobNotFound(self.id)
-        pipe = r.pipeline(transaction=False)
-        pipe.set(keys.cancel(self.id), "1", ex=self._p.settings.live_ttl)
-        pipe.hget(keys.job_info(self.id), records.STATUS)
-        _, status = pipe.execute()
-        return status is None or as_str(status) not in records.FINAL_STATUSES
+        return bool(transitions.request_cancel(r, job_id=self.id, ttl=self._p.settings.live_ttl))
 
     def status(self) -> dict:
         """queued | running | done | error | cancelled, plus attempt, model, tenant, ..."""
@@ -276,12 +277,7 @@ class Producer:
         """Validate and enqueue one job. Raises ValueError (pydantic ValidationError)
         for bad input, QueueFull when the backlog is at its bound, RateLimited."""
         job = build_job(self.default_model, prompt, idempotency_key=idempotency_key, **kw)
-        try:
-            reply = self._admit(keys=script_keys(job, idempotency_key),
-                                args=script_args(job, idempotency_key, self.settings))
-        except REFUSING_WRITES as e:
-            raise refused(job, e) from None
-        adm: Admitted = interpret(reply, job, self.settings)
+        adm = admit(self.redis, self._admit, job, idempotency_key, self.settings)
         return JobHandle(self, adm.job_id, entry_id=adm.entry_id, duplicate=adm.duplicate)
 
     def job(self, job_id: str) -> JobHandle:

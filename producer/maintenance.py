@@ -36,10 +36,6 @@ class MaintenanceSettings(QueuePolicy):
     stats_ttl: int = Field(300, ge=1)
 
 
-def stats_key(model: str) -> str:
-    return f"{keys.PREFIX}:stats:{{{model}}}"
-
-
 def _live(r, model: str, stale_s: float) -> list[str]:
     cutoff = time.time() - stale_s
     return [as_str(w) for w in r.zrangebyscore(keys.workers(model), cutoff, "+inf")]
@@ -124,13 +120,13 @@ def dead_letter_exceeded(r, model: str, s: MaintenanceSettings) -> int:
 
 def expire_finished_replies(r, s: MaintenanceSettings, scan_count: int = 500) -> int:
     n = 0
-    for key in r.scan_iter(match=f"{keys.PREFIX}:reply:*", count=scan_count):
+    for key in r.scan_iter(match=keys.pattern("reply"), count=scan_count):
         if r.ttl(key) != -1:
             continue  # already expiring (or gone)
         last = r.xrevrange(key, count=1)
         if last and as_str(last[0][1].get(b"type", last[0][1].get("type", ""))) in TERMINAL_TYPES:
             r.expire(key, s.reply_ttl)
-            job_id = as_str(key)[len(f"{keys.PREFIX}:reply:{{"):-1]
+            job_id = keys.tag_of(as_str(key))
             if r.ttl(keys.job_info(job_id)) == -1:
                 r.expire(keys.job_info(job_id), s.reply_ttl)
             n += 1
@@ -144,8 +140,8 @@ def export_stats(r, s: MaintenanceSettings, models: Optional[list[str]] = None) 
         flat = {"depth": st.depth, "waiting": st.waiting, "pending": st.pending, "dlq": st.dlq,
                 "workers_alive": st.workers_alive, "oldest_waiting_s": st.oldest_waiting_s or 0.0,
                 "updated_at": time.time()}
-        r.hset(stats_key(st.model), mapping=flat)
-        r.expire(stats_key(st.model), s.stats_ttl)
+        r.hset(keys.stats(st.model), mapping=flat)
+        r.expire(keys.stats(st.model), s.stats_ttl)
         out.append(d)
     return out
 

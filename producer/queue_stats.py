@@ -14,17 +14,11 @@ from schemas import keys
 from schemas.text import as_str
 
 
-def model_of(key: str) -> Optional[str]:
-    """'inferq:jobs:{m}' -> 'm' (the model name sits inside the hash tag)."""
-    start, end = key.find("{"), key.rfind("}")
-    return key[start + 1:end] if 0 <= start < end else None
-
-
 def discover_models(r) -> list[str]:
     found: set[str] = set()
-    for pattern in (f"{keys.PREFIX}:jobs:*", f"{keys.PREFIX}:workers:*", f"{keys.PREFIX}:dlq:*"):
-        for key in r.scan_iter(match=pattern, count=500):
-            m = model_of(as_str(key))
+    for kind in ("jobs", "workers", "dlq"):
+        for key in r.scan_iter(match=keys.pattern(kind), count=500):
+            m = keys.tag_of(as_str(key))
             if m:
                 found.add(m)
     return sorted(found)

@@ -89,7 +89,13 @@ def sync_client(settings: RedisSettings):
     return redis.Redis.from_url(settings.redis_url, **settings.client_kwargs())
 
 
-def async_client(settings: RedisSettings):
+def async_client(settings: RedisSettings, max_connections: Optional[int] = None):
+    """With ``max_connections``: a bounded pool where a caller waits (up to the
+    connect timeout) for a free connection instead of opening one more."""
     import redis.asyncio as aredis
 
-    return aredis.Redis.from_url(settings.redis_url, **settings.client_kwargs())
+    if max_connections is None:
+        return aredis.Redis.from_url(settings.redis_url, **settings.client_kwargs())
+    pool = aredis.BlockingConnectionPool.from_url(settings.redis_url, max_connections=max_connections,
+                                                   timeout=settings.socket_connect_timeout, **settings.client_kwargs())
+    return aredis.Redis(connection_pool=pool)

@@ -12,25 +12,44 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from schemas.events import TERMINAL_TYPES
+from schemas.events import TERMINAL_TYPES, DoneEvent
+
+
+class ReplyGap(Exception):
+    """Events a reader needs are missing from the reply stream (trimmed, or lost
+    with a Redis that kept no data): the output would be silently incomplete."""
+
+    def __init__(self, attempt: int, expected: int, got: int):
+        self.attempt, self.expected, self.got = attempt, expected, got
+        super().__init__(f"the reply stream lost events of attempt {attempt}: expected seq {expected}, got {got}; "
+                         "the output cannot be trusted (was the stream trimmed?)")
 
 
 class ReplyFilter:
     """Drops entries of superseded attempts and repeated (attempt, seq) pairs,
-    which a retried publish or a worker that lost its lease may leave behind."""
+    which a retried publish or a worker that lost its lease may leave behind,
+    and raises ReplyGap when an accepted attempt skips a ``seq``: every attempt
+    numbers its events 0, 1, 2, ... A reader that resumes mid-stream
+    (``from_start`` False) takes its first event's seq as given."""
 
-    def __init__(self) -> None:
+    def __init__(self, from_start: bool = True) -> None:
         self.attempt = 0
         self.last_seq = -1
+        self.from_start = from_start
 
     def accept(self, ev) -> bool:
         if ev.attempt < self.attempt:
             return False
-        if ev.attempt > self.attempt:
+        if ev.attempt > self.attempt or (not self.from_start and self.last_seq < 0):
+            # A new attempt starts at seq 0, unless we joined in its middle.
+            if ev.seq != 0 and (self.from_start or self.last_seq >= 0):
+                raise ReplyGap(ev.attempt, 0, ev.seq)
             self.attempt, self.last_seq = ev.attempt, ev.seq
             return True
         if ev.seq <= self.last_seq:
             return False
+        if ev.seq != self.last_seq + 1:
+            raise ReplyGap(ev.attempt, self.last_seq + 1, ev.seq)
         self.last_seq = ev.seq
         return True
 
@@ -60,7 +79,7 @@ class Assembly:
     finish_reason: Optional[str] = None
     usage: Optional[dict] = None
     timings: Optional[dict] = None
-    done: Optional[object] = None  # the accepted DoneEvent
+    done: Optional[DoneEvent] = None  # the accepted final event, when it is a ``done``
     error_code: Optional[str] = None
     error_message: Optional[str] = None
     worker: Optional[str] = None

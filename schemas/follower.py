@@ -25,7 +25,7 @@ class Cursor:
 
     def __init__(self, last_id: str = "0-0") -> None:
         self.last_id = last_id
-        self.filter = ReplyFilter()
+        self.filter = ReplyFilter(from_start=last_id in ("0", "0-0"))
         self.finished = False
 
     def take(self, entries) -> Iterator[tuple[str, Any, bool]]:
@@ -69,13 +69,13 @@ class Follow:
     def reached(self) -> None:
         self.down_since = None
 
-    def retry_delay(self) -> float:
-        """After a connection error: seconds to wait, or re-raise it (bare ``raise``:
-        called from the shells' ``except``) when Redis stays down too long."""
+    def retry_delay(self, error: Exception) -> float:
+        """After a connection error: seconds to wait before reading again from the
+        last seen id, or ``error`` raised when Redis stays down too long."""
         now = time.monotonic()
         self.down_since = self.down_since or now
         if now - self.down_since > self.reconnect_timeout:
-            raise
+            raise error
         return min(2.0, 0.1 * 2 ** min(int(now - self.down_since), 4))
 
     def out(self, taken):
@@ -95,9 +95,9 @@ def follow(r, key: str, plan: Follow, last_id: str = "0-0") -> Iterator[tuple[Op
         try:
             resp = r.xread({key: cur.last_id}, count=plan.count, block=wait)
             plan.reached()
-        except _DOWN:
+        except _DOWN as e:
             # Redis restarting or a network blip: resume from the last seen id.
-            time.sleep(plan.retry_delay())
+            time.sleep(plan.retry_delay(e))
             if plan.keepalive:
                 yield None, None
             continue
@@ -120,8 +120,8 @@ async def afollow(r, key: str, plan: Follow, last_id: str = "0-0") -> AsyncItera
         try:
             resp = await r.xread({key: cur.last_id}, count=plan.count, block=wait)
             plan.reached()
-        except _DOWN:
-            await asyncio.sleep(plan.retry_delay())
+        except _DOWN as e:
+            await asyncio.sleep(plan.retry_delay(e))
             if plan.keepalive:
                 yield None, None
             continue

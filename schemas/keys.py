@@ -45,6 +45,23 @@ def workers(model: str) -> str:
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
 
 
+def stats(model: str) -> str:
+    """Hash of queue numbers exported by the Celery housekeeping for dashboards."""
+    return f"{PREFIX}:stats:{{{model}}}"
+
+
+def pattern(kind: str) -> str:
+    """SCAN pattern for every key of one kind: "jobs", "workers", "dlq", "reply", ..."""
+    return f"{PREFIX}:{kind}:*"
+
+
+def tag_of(key: str) -> Optional[str]:
+    """What a key's hash tag names: the model of ``inferq:jobs:{m}``, the job of
+    ``inferq:reply:{j}``."""
+    start, end = key.find("{"), key.rfind("}")
+    return key[start + 1:end] if 0 <= start < end else None
+
+
 def served_name(model_path: Optional[str]) -> str:
     """The queue name of a model a worker loads from ``model_path`` when no
     served name is given: the bundled model's name, else the folder or file name."""

@@ -77,6 +77,12 @@ def fail(p, *, model: str, entry_id: str, consumer: str, attempt: int, job_id: O
                  *_flat(dead.to_fields())])
 
 
+def request_cancel(r, *, job_id: str, ttl: int):
+    """Set the job's cancel flag unless it already ended: 1 set, 0 ended.
+    With an asyncio client, await the result."""
+    return _run(r, "request_cancel", [keys.job_info(job_id), keys.cancel(job_id)], [ttl])
+
+
 def renew(r, *, model: str, consumer: str, entry_ids: list[str]) -> list[str]:
     """Reset the idle time of the entries this consumer still owns; returns the
     ones it lost (another consumer claimed them)."""

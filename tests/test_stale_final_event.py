@@ -32,12 +32,12 @@ def submit_with_stale_done(url: str) -> tuple[Producer, str]:
     p = Producer(url, default_model=MODEL)
     h = p.submit("hi")
     r = p.redis
-    add(r, h.id, StartedEvent(attempt=1, seq=1, worker="w1"))
-    add(r, h.id, DeltaEvent(attempt=1, seq=2, text="old", token_ids=[1]))
+    add(r, h.id, StartedEvent(attempt=1, seq=0, worker="w1"))
+    add(r, h.id, DeltaEvent(attempt=1, seq=1, text="old", token_ids=[1]))
     add(r, h.id, RestartedEvent(attempt=2, seq=0, reason="redelivered"))
     add(r, h.id, StartedEvent(attempt=2, seq=1, worker="w2"))
     add(r, h.id, DeltaEvent(attempt=2, seq=2, text="new", token_ids=[2]))
-    add(r, h.id, DoneEvent(attempt=1, seq=3, finish_reason="stop"))  # stale
+    add(r, h.id, DoneEvent(attempt=1, seq=2, finish_reason="stop"))  # stale
     return p, h.id
 
 

@@ -151,10 +151,6 @@ class LLMEngine:
         sched = self.scheduler.schedule()
         if not sched:
             return deltas
-        now = time.time()
-        for s in sched.scheduled:
-            if s.request.first_scheduled_time is None:
-                s.request.first_scheduled_time = now
         sampled = self.runner.execute(sched, self.kv)
         for s in sched.scheduled:
             self.kv.cache_computed_blocks(s.request)
@@ -174,8 +170,6 @@ class LLMEngine:
             return None
         req.append_output_token(token)
         self.num_generated_tokens += 1
-        if req.first_token_time is None:
-            req.first_token_time = time.time()
         lps = [logprobs] if req.params.logprobs is not None else None
         p = req.params
         plp = None
@@ -207,7 +201,6 @@ class LLMEngine:
 
     def _finish(self, req, reason, tokens, text, lps, stop_reason=None, plp=None) -> RequestDelta:
         self.scheduler.finish(req, reason)
-        req.stop_reason = stop_reason
         self.requests.pop(req.request_id, None)
         self._with_deadline.discard(req.request_id)
         return RequestDelta(

@@ -42,8 +42,9 @@ class CompletionOutput:
     finish_reason: Optional[str]
     logprobs: Optional[list[dict[int, float]]] = None
     num_cached_tokens: int = 0
-    metrics: dict = field(default_factory=dict)
     prompt_logprobs: Optional[list[Optional[dict[int, float]]]] = None
+    # With n > 1: every sample of the prompt, this output first.
+    samples: list["CompletionOutput"] = field(default_factory=list, compare=False, repr=False)
 
 
 @dataclass

@@ -256,7 +256,7 @@ class Intake(threading.Thread):
         self.metrics.error(code)
         self.log.warning("job_rejected", job_id=job_id, entry_id=entry_id, attempt=attempt, code=code, reason=message)
         replies.fail(b, self.ctx, entry_id=entry_id, raw=raw, job_id=job_id, attempt=attempt if claimed else 0,
-                     event_attempt=attempt, seq=0 if attempt <= 1 else 1, code=code, message=message)
+                     event_attempt=attempt, seq=0, code=code, message=message)
 
     def _finish_early(self, b: Batch, st: JobState, reason: str) -> None:
         """Cancelled or past its deadline before prefill: done without the engine."""

@@ -52,7 +52,6 @@ class WorkerSettings(QueuePolicy):
 
     # Queue behaviour
     worker_id: str = Field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}", description="stable consumer name (default host-pid)")
-    drain_timeout: float = Field(30.0, ge=0.0, description="seconds to finish in-flight jobs on SIGTERM")
     block_ms: int = Field(1000, ge=10, description="XREADGROUP BLOCK in ms; must stay under the socket timeout")
     coalesce_deltas: bool = Field(False, description="merge a job's deltas within one publish round trip (large batches)")
     max_flush_steps: int = Field(8, ge=1, description="engine steps merged into one pipeline when the publisher lags")

@@ -7,7 +7,6 @@ import queue
 import signal
 import threading
 import time
-from typing import Optional
 
 from schemas.redis_checks import queue_warnings
 from schemas.text import as_str

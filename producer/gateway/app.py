@@ -18,6 +18,7 @@ from producer.gateway.files_store import FilesStore
 from producer.gateway.config import GatewaySettings, check_exposure, parse_api_keys
 from producer.gateway.errors import install_error_handlers
 from producer.gateway.limits import BodySizeLimit
+from producer.gateway.readers import ReaderLimit
 from producer.gateway.metrics import GatewayMetrics, RequestMetrics
 from producer.gateway.runner import Context
 
@@ -39,7 +40,8 @@ def create_app(settings: Optional[GatewaySettings] = None,
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        backend = Backend(producer_settings)
+        # A bounded pool: one connection per open stream plus room for the rest.
+        backend = Backend(producer_settings, max_connections=settings.max_streams + 64)
         app.state.ctx = Context(backend=backend, settings=settings,
                                 default_model=producer_settings.default_model, metrics=metrics)
         files = FilesStore(settings.files_dir, settings.files_max_bytes)
@@ -68,6 +70,7 @@ def create_app(settings: Optional[GatewaySettings] = None,
     # An upload may be as large as a file may be (plus the multipart framing).
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes,
                        overrides={"/v1/files": settings.files_max_bytes + 65_536})
+    app.add_middleware(ReaderLimit, total=settings.max_streams, per_tenant=settings.max_streams_per_tenant)
     app.add_middleware(RequestMetrics, metrics=metrics)
     return app
 

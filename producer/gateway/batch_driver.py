@@ -28,7 +28,7 @@ import anyio
 
 from schemas import keys
 from schemas.job import new_job_id
-from schemas.fold import Assembly
+from schemas.fold import Assembly, ReplyGap
 from schemas.follower import Follow, afollow
 from producer.errors import QueueFull, RateLimited
 from producer.gateway.batch_lines import Line, error_line, output_line, parse_line
@@ -231,7 +231,7 @@ class BatchRun:
                     if asm.finished:
                         break
                 break
-            except _Gone:
+            except (_Gone, ReplyGap):  # expired, or events lost (a trimmed stream): output untrustworthy
                 if self.stop_reason is not None:
                     break
                 log.warning("batch %s: line %s lost its result (job %s); running it again", self.id,

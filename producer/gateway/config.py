@@ -42,6 +42,9 @@ class GatewaySettings(BaseSettings):
     # ``host`` (a container binds 0.0.0.0; compose publishes it on GATEWAY_BIND).
     published_on: str = ""
     allow_no_auth: bool = Field(False, description="Serve other machines without API keys (not recommended).")
+    # Requests holding a reply-stream reader (generation, job events) at once.
+    max_streams: int = Field(1024, ge=1)
+    max_streams_per_tenant: int = Field(128, ge=1)
     # Prometheus metrics on a separate port kept off the public one (0 = on the main port).
     metrics_port: int = Field(0, ge=0, le=65535)
     metrics_host: str = "127.0.0.1"

@@ -11,10 +11,11 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from producer.gateway import openai_format as fmt
 from producer.gateway import sse
-from schemas.fold import Assembly
+from schemas.fold import Assembly, ReplyGap
 from producer.gateway.auth import authenticate
 from producer.gateway.config import Principal, allowed_models
-from producer.gateway.errors import APIError
+from producer.errors import JobNotFound
+from producer.gateway.errors import APIError, job_expired_error, reply_gap_error
 from producer.gateway.openai_jobs import prepare_chat, prepare_completion
 from producer.gateway.openai_schemas import ChatCompletionRequest, CompletionRequest
 from producer.gateway.runner import (
@@ -34,7 +35,7 @@ async def completions(req: CompletionRequest, request: Request, principal: Princ
     ctx = ctx_of(request)
     p = await prepare_completion(ctx, req, lambda name: resolve_model(ctx, name), tenant=principal.tenant,
                                  deadline=time.time() + ctx.settings.request_timeout_s)
-    job_id = await admit(ctx, p.job)
+    job_id = (await admit(ctx, p.job)).job_id
     ctx.metrics.jobs_submitted.labels(route="completions").inc()
     if req.stream:
         return StreamingResponse(_stream(ctx, "completions", job_id, p.model, req.include_usage, req.logprobs,
@@ -51,7 +52,7 @@ async def chat_completions(req: ChatCompletionRequest, request: Request, princip
     ctx = ctx_of(request)
     p = await prepare_chat(ctx, req, lambda name: resolve_model(ctx, name), tenant=principal.tenant,
                            deadline=time.time() + ctx.settings.request_timeout_s)
-    job_id = await admit(ctx, p.job)
+    job_id = (await admit(ctx, p.job)).job_id
     ctx.metrics.jobs_submitted.labels(route="chat.completions").inc()
     if req.stream:
         return StreamingResponse(_stream(ctx, "chat", job_id, p.model, req.include_usage, p.logprobs_n, "",
@@ -100,6 +101,12 @@ async def _stream(ctx: Context, kind: str, job_id: str, model: str, include_usag
             except (RedisConnectionError, RedisTimeoutError):
                 failure = APIError(503, "the queue (Redis) became unreachable during the stream",
                                      code="redis_unavailable")
+                break
+            except ReplyGap as e:
+                failure = reply_gap_error(e)
+                break
+            except JobNotFound as e:
+                failure = job_expired_error(e)
                 break
             if piece is None:
                 if time.monotonic() - last_sent >= ctx.settings.keepalive_s:

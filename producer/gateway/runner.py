@@ -12,6 +12,7 @@ from fastapi import Request
 from pydantic import ValidationError
 
 from schemas import Job
+from producer.admission import Admitted
 from producer.errors import QueueFull, QueueUnavailable, RateLimited
 
 from schemas.fold import Assembly, Piece
@@ -34,7 +35,7 @@ def ctx_of(request: Request) -> Context:
 
 async def resolve_model(ctx: Context, name: Optional[str], require_worker: bool = True) -> str:
     """404 for a model nobody serves, 503 when its workers are all gone (or, for
-    the default model, have not registered yet: a service still starting up).
+    a model on the allow-list, have not registered yet: a service starting up).
     ``require_worker=False`` (batch lines, which may wait in the queue) skips the 503."""
     model = name or ctx.default_model
     allow = allowed_models(ctx.settings)
@@ -42,7 +43,7 @@ async def resolve_model(ctx: Context, name: Optional[str], require_worker: bool 
     if allow and model not in allow:
         raise APIError(404, f"model '{model}' does not exist; this gateway serves: {', '.join(allow)}",
                        code="model_not_found", param="model")
-    if not allow and model not in known and model != ctx.default_model:
+    if not allow and model not in known:
         served = ", ".join(known) or "none yet (no worker has registered)"
         raise APIError(404, f"model '{model}' does not exist; models with workers: {served}",
                        code="model_not_found", param="model")
@@ -60,7 +61,7 @@ def make_job(**fields) -> Job:
         raise bad_request(problems) from None
 
 
-async def admit(ctx: Context, job: Job, idempotency_key: Optional[str] = None) -> str:
+async def admit(ctx: Context, job: Job, idempotency_key: Optional[str] = None) -> Admitted:
     try:
         admitted = await ctx.backend.submit(job, idempotency_key)
     except QueueUnavailable as e:
@@ -73,7 +74,7 @@ async def admit(ctx: Context, job: Job, idempotency_key: Optional[str] = None) -
         ctx.metrics.rejected.labels(reason="rate_limited").inc()
         raise APIError(429, str(e), code="rate_limited",
                        headers={"Retry-After": str(max(1, math.ceil(e.retry_after)))}) from None
-    return admitted.job_id
+    return admitted
 
 
 # Worker error codes that mean the request itself was bad.

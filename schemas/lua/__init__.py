@@ -10,7 +10,7 @@ from __future__ import annotations
 from functools import lru_cache
 from importlib import resources
 
-NAMES = ("claim_attempt", "start", "finish", "fail", "renew", "handback")
+NAMES = ("claim_attempt", "start", "finish", "fail", "renew", "handback", "request_cancel")
 
 
 @lru_cache(maxsize=None)

@@ -18,7 +18,8 @@ def bare_stack(tmp_path):
 
 
 def test_ready_only_once_a_worker_serves_and_requests_meanwhile_get_503(bare_stack):
-    with running_gateway(bare_stack.url, producer={"default_model": TINY}) as url:
+    # As `inferq up` runs it: the gateway offers the model its worker will serve.
+    with running_gateway(bare_stack.url, producer={"default_model": TINY}, models=TINY) as url:
         r = httpx.get(f"{url}/ready", timeout=10)
         assert r.status_code == 503
         body = r.json()
@@ -26,7 +27,7 @@ def test_ready_only_once_a_worker_serves_and_requests_meanwhile_get_503(bare_sta
         assert r.headers["retry-after"]
         assert httpx.get(f"{url}/health", timeout=10).status_code == 200  # alive, just not ready
 
-        # Before any worker registered: the default model is "starting", not unknown.
+        # Before any worker registered: the offered model is "starting", not unknown.
         early = httpx.post(f"{url}/v1/chat/completions", json=CHAT, timeout=30)
         assert early.status_code == 503, early.text
         assert early.json()["error"]["code"] == "no_worker" and early.headers["retry-after"]

@@ -12,7 +12,8 @@ import redis
 from producer import AsyncProducer, JobFailed, Producer
 from schemas import Job, SamplingParams, keys
 
-from tests.service.conftest import WorkerProc, wait_for
+from tests.service.conftest import wait_for
+from tests.workers import WorkerProc
 
 MODEL = "tiny-e2e"
 
