@@ -15,7 +15,8 @@ import openai
 import pytest
 from openai import OpenAI
 
-from tests.gateway.stack import ROOT, TINY, running_gateway
+from tests.gateway.stack import TINY, running_gateway
+from tests.workers import REPO as ROOT
 
 N_VALID_CHAT = 60
 

@@ -14,7 +14,7 @@ from schemas import keys
 from schemas.text import as_str
 from tests.conftest import RedisServer
 from tests.gateway.stack import running_gateway
-from tests.service.conftest import WorkerProc
+from tests.workers import WorkerProc
 
 
 @pytest.fixture(scope="module")
