@@ -53,6 +53,9 @@ async def upload_file(request: Request, file: UploadFile = File(...), purpose: s
         meta = await anyio.to_thread.run_sync(store.save_stream, file.file, name, purpose, principal.tenant)
     except FileTooLarge as e:
         raise APIError(413, str(e), code="file_too_large") from None
+    except OSError as e:
+        raise APIError(503, f"the gateway cannot store files ({e.strerror}); the operator must make "
+                       "INFERQ_GATEWAY_FILES_DIR writable", code="files_unavailable") from None
     limit = request.app.state.ctx.settings.batch_max_lines
     lines = await anyio.to_thread.run_sync(_count_lines, store.data_path(meta["id"]))
     if lines > limit:

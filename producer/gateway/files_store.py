@@ -9,11 +9,14 @@ event loop (``anyio.to_thread``) where it can be large.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import secrets
 import time
 from pathlib import Path
 from typing import BinaryIO, Iterator, Optional
+
+log = logging.getLogger("inferq.gateway.files")
 
 FILE_ID_PREFIX = "file-"
 _ID_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_")
@@ -37,7 +40,10 @@ class FilesStore:
     def __init__(self, root: str | Path, max_bytes: int):
         self.root = Path(root)
         self.max_bytes = max_bytes
-        self.root.mkdir(parents=True, exist_ok=True)
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+        except OSError as e:  # the gateway still serves everything else; uploads will say why
+            log.warning("files directory %s is not usable: %s", self.root, e)
 
     # -- paths ------------------------------------------------------------
     def data_path(self, file_id: str) -> Path:
@@ -55,6 +61,7 @@ class FilesStore:
                     file_id: Optional[str] = None) -> dict:
         """Copy ``src`` into a new file; FileTooLarge past ``max_bytes`` (nothing is kept)."""
         file_id = file_id or new_file_id()
+        self.root.mkdir(parents=True, exist_ok=True)
         tmp = self.root / f".{file_id}.upload"
         size = 0
         try:
@@ -101,6 +108,8 @@ class FilesStore:
             return None
 
     def all(self) -> Iterator[dict]:
+        if not self.root.is_dir():
+            return
         for p in self.root.glob(f"{FILE_ID_PREFIX}*.json"):
             meta = self.get(p.name[:-5])
             if meta is not None:
