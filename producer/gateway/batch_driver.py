@@ -120,6 +120,7 @@ class BatchRun:
         if batch is None or batch["status"] not in ACTIVE:
             return
         # From the start: keeps the lease while a large file is validated, and sees a cancel.
+        self._main = asyncio.current_task()
         watcher = asyncio.create_task(self._watch())
         try:
             lines = await self._parse(batch)
@@ -274,7 +275,11 @@ class BatchRun:
         """Notice a cancel or the expiry (read from the record each time); keep the driver lease."""
         while True:
             if not await self.store.acquire(self.id, self.owner, LEASE_S):
-                log.warning("batch %s: lost the driver lease", self.id)
+                # Another gateway took over (this one stalled past the lease): two drivers
+                # must never append to the same files, so this one stops at once.
+                log.warning("batch %s: lost the driver lease; leaving the batch to its new driver", self.id)
+                self._main.cancel()
+                return
             rec = await self.store.get(self.id)
             if rec is None:
                 self.stop_reason = "cancelled"

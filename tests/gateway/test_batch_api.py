@@ -258,3 +258,43 @@ def test_sdk_helper(batch_gateway, tmp_path):
         alone = client_for(batch_gateway, "k-all").chat.completions.create(**chat_body(7))
         assert res["sdk"]["response"]["body"]["choices"][0]["message"]["content"] == alone.choices[0].message.content
         assert bc.results(b, errors=True) == {}
+
+
+def test_a_batch_line_is_the_same_job_as_the_request_alone(stack):
+    """The line's job comes from the endpoint's own conversion: only what makes it a
+    batch job differs (priority class, metadata, deadline = the batch's expiry)."""
+    import asyncio
+
+    from producer.gateway.backend import Backend
+    from producer.gateway.batch_lines import parse_line
+    from producer.gateway.config import GatewaySettings
+    from producer.gateway.openai_jobs import prepare_chat
+    from producer.gateway.openai_schemas import ChatCompletionRequest
+    from producer.gateway.runner import Context, resolve_model
+    from producer.settings import ProducerSettings
+
+    body = {**chat_body(3), "stop": ["\n"], "top_p": 0.5, "seed": 7, "logprobs": True, "top_logprobs": 2}
+
+    async def both():
+        backend = Backend(ProducerSettings(redis_url=stack.url))
+        try:
+            ctx = Context(backend=backend, settings=GatewaySettings(), default_model=TINY, metrics=None)
+            batch = {"id": "batch_x", "endpoint": "/v1/chat/completions", "expires_at": "2000000000",
+                     "tenant": "team-a"}
+            line = await parse_line(ctx, batch, 1, json.dumps(
+                {"custom_id": "c1", "method": "POST", "url": "/v1/chat/completions", "body": body}).encode(), set())
+            alone = await prepare_chat(ctx, ChatCompletionRequest.model_validate(body),
+                                       lambda n: resolve_model(ctx, n), tenant="team-a", deadline=1.0)
+            return line, alone
+        finally:
+            await backend.close()
+
+    line, alone = asyncio.run(both())
+    assert line.error is None
+    job = line.prepared.job
+    assert job.priority == 100 and alone.job.priority == 0  # INFERQ_GATEWAY_BATCH_PRIORITY
+    assert job.metadata == {"route": "chat.completions", "class": "batch", "batch_id": "batch_x", "custom_id": "c1"}
+    assert job.deadline == 2000000000 and job.tenant == "team-a"
+    skip = {"id", "created_at", "priority", "metadata", "deadline"}
+    assert job.model_dump(exclude=skip) == alone.job.model_dump(exclude=skip)
+    assert job.sampling.logprobs == 2 and job.sampling.stop == ["\n"]
