@@ -118,7 +118,7 @@ def test_cancel_mid_run_stops_the_remaining_lines(server, tiny, workers, tmp_pat
 
 def test_worker_killed_mid_batch_loses_nothing(server, tiny, workers, tmp_path):
     model = "bt-kill"
-    first = workers(server.url, tiny, model, "k1", "--step-pace-s", "0.05", "--max-num-seqs", "4")
+    first = workers(server.url, tiny, model, "k1", "--step-pace-s", "0.1", "--max-num-seqs", "4")
     data, bodies = lines_for(model, 12, max_tokens=8)
     with running_gateway(server.url, files_dir=str(tmp_path / "files"), batch_max_in_flight=4) as url:
         c = client(url)
@@ -140,7 +140,7 @@ def test_worker_killed_mid_batch_loses_nothing(server, tiny, workers, tmp_path):
 
 def test_batch_survives_a_gateway_restart(server, tiny, workers, tmp_path):
     model = "bt-restart"
-    workers(server.url, tiny, model, "g1", "--step-pace-s", "0.05", "--max-num-seqs", "4")
+    workers(server.url, tiny, model, "g1", "--step-pace-s", "0.1", "--max-num-seqs", "4")
     data, bodies = lines_for(model, 16, max_tokens=6)
     files_dir = str(tmp_path / "files")
     with running_gateway(server.url, files_dir=files_dir, batch_max_in_flight=4) as url:
@@ -168,7 +168,7 @@ def test_lines_whose_results_expired_while_no_gateway_ran_are_run_again(server, 
     """A gateway down longer than the reply TTL: the lines that finished meanwhile
     left no result to read; the next gateway runs them again instead of losing them."""
     model = "bt-expired"
-    workers(server.url, tiny, model, "e1", "--step-pace-s", "0.05", "--max-num-seqs", "4")
+    workers(server.url, tiny, model, "e1", "--step-pace-s", "0.1", "--max-num-seqs", "4")
     data, bodies = lines_for(model, 10, max_tokens=6)
     files_dir = tmp_path / "files"
     with running_gateway(server.url, files_dir=str(files_dir), batch_max_in_flight=4) as url:
