@@ -85,6 +85,10 @@ def build_parser() -> argparse.ArgumentParser:
     doc.add_argument("--interval", type=float, default=5.0, help="seconds between the two samples")
     doc.add_argument("--json", action="store_true")
 
+    from inferq.cli_batch import add_arguments as add_batch_arguments
+
+    add_batch_arguments(sub.add_parser("batch", help="OpenAI Batch API of a gateway: submit, status, download, cancel"))
+
     # Listed for --help only: main() hands `bench ...` to inferq.bench_cli untouched.
     sub.add_parser("bench", help="benchmarks: serve (load-test a running inferq), modes, offline", add_help=False)
     return parser
@@ -133,6 +137,10 @@ def _dispatch(args, parser) -> int:
         if cmd == "dlq" and not args.dlq_command:
             parser.parse_args(["dlq", "--help"])
         return getattr(cli_queue, f"cmd_{cmd}")(args)
+    if cmd == "batch":
+        from inferq.cli_batch import cmd_batch
+
+        return cmd_batch(args)
     if cmd == "doctor":
         from inferq.doctor import cmd_doctor
 

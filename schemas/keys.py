@@ -74,3 +74,25 @@ def served_name(model_path: Optional[str]) -> str:
 def worker_identity(model: str, worker_id: str) -> str:
     """Held by the one live process using ``worker_id`` (a random token, with a TTL)."""
     return f"{PREFIX}:worker:{{{model}}}:{worker_id}"
+
+
+# -- OpenAI Batch API (the gateway's batch driver) ------------------------------
+# One hash tag per batch: the batch record, its job map and its driver lease share a slot.
+def batch(batch_id: str) -> str:
+    """Hash: the batch object (status, timestamps, counts, file ids) and its tenant."""
+    return f"{PREFIX}:batch:{{{batch_id}}}"
+
+
+def batch_jobs(batch_id: str) -> str:
+    """Hash custom_id -> job id of every line the driver has enqueued."""
+    return f"{PREFIX}:batch:{{{batch_id}}}:jobs"
+
+
+def batch_lease(batch_id: str) -> str:
+    """Held (SET NX EX) by the one gateway process driving the batch."""
+    return f"{PREFIX}:batch:{{{batch_id}}}:driver"
+
+
+def batches() -> str:
+    """Sorted set of batch ids by creation time (listing, resume, retention)."""
+    return f"{PREFIX}:batches"

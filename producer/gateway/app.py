@@ -3,20 +3,33 @@ from __future__ import annotations
 
 import contextlib
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Optional
 
 from fastapi import FastAPI
 
 from producer.settings import ProducerSettings
 
-from producer.gateway import health_routes, jobs_routes, openai_routes
+from producer.gateway import batch_routes, files_routes, health_routes, jobs_routes, openai_routes
 from producer.gateway.backend import Backend
+from producer.gateway.batch_driver import BatchManager
+from producer.gateway.batch_store import BatchStore
+from producer.gateway.files_store import FilesStore
 from producer.gateway.config import GatewaySettings, check_exposure, parse_api_keys
 from producer.gateway.errors import install_error_handlers
 from producer.gateway.limits import BodySizeLimit
 from producer.gateway.readers import ReaderLimit
 from producer.gateway.metrics import GatewayMetrics, RequestMetrics
 from producer.gateway.runner import Context
+
+
+@dataclass
+class BatchService:
+    """What the Files and Batch routes share: the files directory, the batch records, the driver."""
+
+    files: FilesStore
+    store: BatchStore
+    manager: BatchManager
 
 
 def create_app(settings: Optional[GatewaySettings] = None,
@@ -31,9 +44,15 @@ def create_app(settings: Optional[GatewaySettings] = None,
         backend = Backend(producer_settings, max_connections=settings.max_streams + 64)
         app.state.ctx = Context(backend=backend, settings=settings,
                                 default_model=producer_settings.default_model, metrics=metrics)
+        files = FilesStore(settings.files_dir, settings.files_max_bytes)
+        store = BatchStore(backend.redis)
+        manager = BatchManager(app.state.ctx, files, store)
+        app.state.batch = BatchService(files, store, manager)
+        manager.start()  # resumes the batches no live gateway is driving
         try:
             yield
         finally:
+            await manager.stop()
             await backend.close()
 
     app = FastAPI(title="inferq gateway", version="0.1.0", lifespan=lifespan)
@@ -42,11 +61,15 @@ def create_app(settings: Optional[GatewaySettings] = None,
     install_error_handlers(app)
     app.include_router(openai_routes.router)
     app.include_router(jobs_routes.router)
+    app.include_router(files_routes.router)
+    app.include_router(batch_routes.router)
     app.include_router(health_routes.router)
     if not settings.metrics_port:
         app.include_router(health_routes.metrics_router)
     # The last added is the outermost: metrics see every response, 413s included.
-    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    # An upload may be as large as a file may be (plus the multipart framing).
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes,
+                       overrides={"/v1/files": settings.files_max_bytes + 65_536})
     app.add_middleware(ReaderLimit, total=settings.max_streams, per_tenant=settings.max_streams_per_tenant)
     app.add_middleware(RequestMetrics, metrics=metrics)
     return app

@@ -48,6 +48,21 @@ class GatewaySettings(BaseSettings):
     # Prometheus metrics on a separate port kept off the public one (0 = on the main port).
     metrics_port: int = Field(0, ge=0, le=65535)
     metrics_host: str = "127.0.0.1"
+    # -- OpenAI Batch API (docs/gateway.md "Batch API") --
+    # Uploaded files and batch output files live here (a volume in a container).
+    files_dir: str = "./.inferq/files"
+    files_max_bytes: int = Field(200 * 1024 * 1024, ge=1024, description="Largest file POST /v1/files accepts.")
+    batch_max_lines: int = Field(50_000, ge=1, description="Most requests in one batch input file.")
+    # Files and finished batches older than this are deleted (0 = keep forever).
+    files_retention_days: float = Field(30.0, ge=0.0)
+    # Lines of one batch enqueued and not yet finished, per batch.
+    batch_max_in_flight: int = Field(64, ge=1)
+    # Batch lines run at this priority (lower is served first; interactive requests default to 0).
+    batch_priority: int = Field(100, ge=-1000, le=1000)
+    # How long a cancelled batch waits for its running lines to stop before it is marked cancelled.
+    batch_cancel_grace_s: float = Field(120.0, gt=0)
+    # Seconds between scans for batches no live gateway is driving (resume after a restart).
+    batch_scan_s: float = Field(2.0, gt=0)
 
 
 @dataclass(frozen=True)

@@ -126,12 +126,13 @@ async def job_events(job_id: str, request: Request, principal: Principal = Depen
     if last:
         last_id = as_str(last[0][0])
         last_type = as_str(last[0][1].get(b"type", last[0][1].get("type", "")))
-        if not _id_le(start, last_id):
-            # No client was ever sent this id: waiting after it could outlast the job.
-            raise bad_request(f"Last-Event-ID {start} is after this job's last event ({last_id})")
-        if last_type in TERMINAL_TYPES and start == last_id:
-            # Already past the terminal event: nothing more will ever come.
+        if last_type in TERMINAL_TYPES and _id_le(last_id, start):
+            # At or past the terminal event: nothing more will ever come.
             return StreamingResponse(iter(()), media_type="text/event-stream", headers=sse.SSE_HEADERS)
+        if not _id_le(start, last_id):
+            # A running job, and no client was ever sent this id: waiting after
+            # it could outlast the job, so say so instead of hanging.
+            raise bad_request(f"Last-Event-ID {start} is after this job's last event ({last_id})")
     return StreamingResponse(_events(ctx, job_id, start), media_type="text/event-stream", headers=sse.SSE_HEADERS)
 
 

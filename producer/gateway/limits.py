@@ -15,13 +15,14 @@ class _TooLarge(Exception):
 
 
 class BodySizeLimit:
-    def __init__(self, app, max_bytes: int):
+    def __init__(self, app, max_bytes: int, overrides: dict[str, int] | None = None):
         self.app = app
         self.max_bytes = max_bytes
+        self.overrides = overrides or {}  # path -> its own limit (file uploads)
 
-    async def _reject(self, send) -> None:
+    async def _reject(self, send, limit: int) -> None:
         body = json.dumps(error_body(
-            f"request body exceeds the gateway's limit of {self.max_bytes} bytes",
+            f"request body exceeds the gateway's limit of {limit} bytes",
             "invalid_request_error", code="request_too_large")).encode()
         await send({"type": "http.response.start", "status": 413,
                     "headers": [(b"content-type", b"application/json"),
@@ -31,11 +32,12 @@ class BodySizeLimit:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        limit = self.overrides.get(scope.get("path", ""), self.max_bytes)
         for name, value in scope.get("headers", []):
             if name == b"content-length":
                 try:
-                    if int(value) > self.max_bytes:
-                        return await self._reject(send)
+                    if int(value) > limit:
+                        return await self._reject(send, limit)
                 except ValueError:
                     pass
         seen = 0
@@ -47,7 +49,7 @@ class BodySizeLimit:
             message = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
-                if seen > self.max_bytes:
+                if seen > limit:
                     too_large = True
                     raise _TooLarge()
             return message
@@ -59,7 +61,7 @@ class BodySizeLimit:
             if too_large:
                 if not replaced:
                     replaced = True
-                    await self._reject(send)
+                    await self._reject(send, limit)
                 return
             await send(message)
 
@@ -67,4 +69,4 @@ class BodySizeLimit:
             await self.app(scope, limited_receive, guarded_send)
         except _TooLarge:
             if not replaced:
-                await self._reject(send)
+                await self._reject(send, limit)

@@ -15,12 +15,11 @@ from schemas.fold import Assembly, ReplyGap
 from producer.gateway.auth import authenticate
 from producer.gateway.config import Principal, allowed_models
 from producer.errors import JobNotFound
-from producer.gateway.errors import APIError, bad_request, job_expired_error, reply_gap_error
-from producer.gateway.openai_schemas import (
-    ChatCompletionRequest, CompletionRequest, build_sampling, check_prompt_size,
-)
+from producer.gateway.errors import APIError, job_expired_error, reply_gap_error
+from producer.gateway.openai_jobs import prepare_chat, prepare_completion
+from producer.gateway.openai_schemas import ChatCompletionRequest, CompletionRequest
 from producer.gateway.runner import (
-    Context, GatewayTimeout, admit, cancel_shielded, ctx_of, make_job, raise_for_error, resolve_model, stream_pieces,
+    Context, GatewayTimeout, admit, cancel_shielded, ctx_of, raise_for_error, resolve_model, stream_pieces,
     wait_for_result,
 )
 
@@ -34,66 +33,34 @@ def _job_headers(job_id: str) -> dict[str, str]:
 @router.post("/v1/completions")
 async def completions(req: CompletionRequest, request: Request, principal: Principal = Depends(authenticate)):
     ctx = ctx_of(request)
-    if req.suffix:
-        raise bad_request("suffix is not supported", param="suffix")
-    text, token_ids = req.single_prompt()
-    if req.echo and text is None:
-        raise bad_request("echo is supported only for text prompts", param="echo")
-    check_prompt_size(ctx.settings, text=text, token_ids=token_ids)
-    # echo with logprobs reports the prompt's logprobs too: the worker computes them.
-    prompt_lp = req.prompt_logprobs
-    if req.echo and req.logprobs is not None:
-        prompt_lp = max(prompt_lp or 0, req.logprobs)
-    sampling = build_sampling(req, ctx.settings, req.max_tokens if req.max_tokens is not None else 16, req.logprobs,
-                              prompt_lp)
-    model = await resolve_model(ctx, req.model)
-    job = make_job(model=model, prompt=text, prompt_token_ids=token_ids, sampling=sampling,
-                   priority=req.priority, tenant=principal.tenant,
-                   deadline=time.time() + ctx.settings.request_timeout_s,
-                   metadata={"route": "completions"})
-    job_id = (await admit(ctx, job)).job_id
+    p = await prepare_completion(ctx, req, lambda name: resolve_model(ctx, name), tenant=principal.tenant,
+                                 deadline=time.time() + ctx.settings.request_timeout_s)
+    job_id = (await admit(ctx, p.job)).job_id
     ctx.metrics.jobs_submitted.labels(route="completions").inc()
-    prefix = text if req.echo and text else ""
     if req.stream:
-        return StreamingResponse(_stream(ctx, "completions", job_id, model, req.include_usage, req.logprobs, prefix,
-                                         echo_logprobs=req.echo and req.logprobs is not None,
+        return StreamingResponse(_stream(ctx, "completions", job_id, p.model, req.include_usage, req.logprobs,
+                                         p.prefix, echo_logprobs=p.echo_logprobs,
                                          prompt_logprobs_n=req.prompt_logprobs),
                                  media_type="text/event-stream", headers={**sse.SSE_HEADERS, **_job_headers(job_id)})
     asm = await wait_for_result(ctx, request, job_id)
     raise_for_error(asm, job_id)
-    return _json(fmt.completion_response(job_id, model, asm, prefix, req.logprobs, echo=req.echo,
-                                         prompt_logprobs_n=req.prompt_logprobs), job_id)
+    return _json(p.body(job_id, asm), job_id)
 
 
 @router.post("/v1/chat/completions")
 async def chat_completions(req: ChatCompletionRequest, request: Request, principal: Principal = Depends(authenticate)):
     ctx = ctx_of(request)
-    messages = req.job_messages()
-    check_prompt_size(ctx.settings, messages=messages)
-    logprobs_n: Optional[int] = None
-    if req.logprobs:
-        logprobs_n = req.top_logprobs or 0
-    elif req.top_logprobs:
-        raise bad_request("top_logprobs needs logprobs: true", param="top_logprobs")
-    max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-    sampling = build_sampling(req, ctx.settings, max_tokens, logprobs_n, req.prompt_logprobs)
-    model = await resolve_model(ctx, req.model)
-    # The worker applies the model's chat template to `messages`.
-    job = make_job(model=model, messages=messages, sampling=sampling, priority=req.priority,
-                   tenant=principal.tenant, deadline=time.time() + ctx.settings.request_timeout_s,
-                   metadata={"route": "chat.completions"})
-    job_id = (await admit(ctx, job)).job_id
+    p = await prepare_chat(ctx, req, lambda name: resolve_model(ctx, name), tenant=principal.tenant,
+                           deadline=time.time() + ctx.settings.request_timeout_s)
+    job_id = (await admit(ctx, p.job)).job_id
     ctx.metrics.jobs_submitted.labels(route="chat.completions").inc()
     if req.stream:
-        return StreamingResponse(_stream(ctx, "chat", job_id, model, req.include_usage, logprobs_n, "",
+        return StreamingResponse(_stream(ctx, "chat", job_id, p.model, req.include_usage, p.logprobs_n, "",
                                          prompt_logprobs_n=req.prompt_logprobs),
                                  media_type="text/event-stream", headers={**sse.SSE_HEADERS, **_job_headers(job_id)})
     asm = await wait_for_result(ctx, request, job_id)
     raise_for_error(asm, job_id)
-    body = fmt.chat_response(job_id, model, asm, logprobs_n)
-    if req.prompt_logprobs is not None:  # vLLM puts them at the top of a chat response
-        body["prompt_logprobs"] = fmt.prompt_logprobs_body(asm, req.prompt_logprobs)
-    return _json(body, job_id)
+    return _json(p.body(job_id, asm), job_id)
 
 
 def _json(body: dict, job_id: str):

@@ -33,9 +33,10 @@ def ctx_of(request: Request) -> Context:
     return request.app.state.ctx
 
 
-async def resolve_model(ctx: Context, name: Optional[str]) -> str:
+async def resolve_model(ctx: Context, name: Optional[str], require_worker: bool = True) -> str:
     """404 for a model nobody serves, 503 when its workers are all gone (or, for
-    a model on the allow-list, have not registered yet: a service starting up)."""
+    a model on the allow-list, have not registered yet: a service starting up).
+    ``require_worker=False`` (batch lines, which may wait in the queue) skips the 503."""
     model = name or ctx.default_model
     allow = allowed_models(ctx.settings)
     known = await ctx.backend.known_models()
@@ -46,7 +47,7 @@ async def resolve_model(ctx: Context, name: Optional[str]) -> str:
         served = ", ".join(known) or "none yet (no worker has registered)"
         raise APIError(404, f"model '{model}' does not exist; models with workers: {served}",
                        code="model_not_found", param="model")
-    if await ctx.backend.live_worker_count(model) == 0:
+    if require_worker and await ctx.backend.live_worker_count(model) == 0:
         raise APIError(503, f"no live worker serves model '{model}'; start one with `inferq worker`",
                        code="no_worker", headers={"Retry-After": "5"})
     return model

@@ -8,7 +8,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 MODULES = ["inferq.cli", "inferq.up", "inferq.doctor", "producer.gateway", "producer.gateway.app",
            "producer.celery_app", "producer.celery_tasks", "producer.maintenance", "inferq.embedded_redis",
-           "inferq.cli_jobs", "inferq.cli_queue", "producer.queue_stats"]
+           "inferq.cli_jobs", "inferq.cli_queue", "producer.queue_stats", "inferq.cli_batch", "producer.batch"]
 
 
 def test_producer_modules_do_not_import_torch_or_the_worker():

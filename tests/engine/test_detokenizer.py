@@ -8,6 +8,7 @@ import pytest
 
 from gpuworker.engine.detokenizer import IncrementalDetokenizer
 from schemas import SamplingParams
+from tests.engine.stop_reference import first_stop, longest_stop_prefix_tail
 
 TEXTS = [
     "The quick brown fox jumps over the lazy dog. END of story.",
@@ -39,26 +40,6 @@ def run(tok, ids, chunks=None, rng=None, **params):
     if stop is None:
         pieces.append(d.flush())
     return pieces, stop, d
-
-
-def first_stop(text: str, stops: list[str]):
-    """Reference: the stop completed first reading left to right; ties -> earliest start."""
-    best = None
-    for s in stops:
-        i = text.find(s)
-        if i >= 0 and (best is None or (i + len(s), i) < best[:2]):
-            best = (i + len(s), i, s)
-    return (text, None) if best is None else (text[: best[1]], best[2])
-
-
-def longest_stop_prefix_tail(text: str, stops: list[str]) -> int:
-    """Reference hold-back, by brute force."""
-    best = 0
-    for s in stops:
-        for h in range(1, min(len(s) - 1, len(text)) + 1):
-            if s.startswith(text[-h:]):
-                best = max(best, h)
-    return best
 
 
 # ------------------------------------------------------------------ exact text

@@ -22,27 +22,10 @@ import pytest
 
 from gpuworker.engine.detokenizer import IncrementalDetokenizer, byte_fallback_ids
 from schemas import SamplingParams
+from tests.engine.stop_reference import first_stop, longest_stop_prefix_tail
 
 FFFD = "\ufffd"
 CHARS = ["é", "ß", "Ж", "中", "文", "€", "한", "😀", "🎉", "𝄞", "a", " ", "\n"]  # 2, 3, 4 bytes
-
-
-def first_stop(text: str, stops: list[str]):
-    best = None
-    for s in stops:
-        i = text.find(s)
-        if i >= 0 and (best is None or (i + len(s), i) < best[:2]):
-            best = (i + len(s), i, s)
-    return (text, None) if best is None else (text[: best[1]], best[2])
-
-
-def stop_prefix_tail(text: str, stops: list[str]) -> int:
-    best = 0
-    for s in stops:
-        for h in range(1, min(len(s) - 1, len(text)) + 1):
-            if s.startswith(text[-h:]):
-                best = max(best, h)
-    return best
 
 
 def check_sequence(tok, ids, rng: random.Random, skip: bool, stops: list[str], byte_ids=frozenset(), cleanup_hold=0):
@@ -73,7 +56,7 @@ def check_sequence(tok, ids, rng: random.Random, skip: bool, stops: list[str], b
             # only as a prefix, exactness is checked at the end.
             pass
         else:
-            assert stop_prefix_tail(settled, stops) == len(settled) - len(shown), (ids[:i], shown, settled)
+            assert longest_stop_prefix_tail(settled, stops) == len(settled) - len(shown), (ids[:i], shown, settled)
     if stop is None:
         shown += d.flush()  # may still find a stop in the text it settles (e.g. made of U+FFFD)
         stop = d.stop_hit

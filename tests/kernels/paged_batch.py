@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
+from tests.paging import block_table_tensor, slots
+
 # |kernel - reference| <= atol + rtol * |reference|, the reference computing in
 # fp32 from the same rounded inputs. The half-precision bounds are about two
 # units in the last place of an O(1) output: both sides round the result to the
@@ -71,17 +73,15 @@ def make_paged_batch(
     value_cache = torch.full(shape, float("nan"))
     flat_keys = key_cache.view(-1, num_kv_heads, head_dim)
     flat_values = value_cache.view(-1, num_kv_heads, head_dim)
-    table_width = max(blocks_per_seq) + 1
-    block_tables = torch.zeros(len(chunks), table_width, dtype=torch.int32)
-    next_block = 0
-    for i, (n_tokens, n_blocks) in enumerate(zip(seq_lens, blocks_per_seq)):
-        table = torch.tensor(order[next_block : next_block + n_blocks], dtype=torch.int64)
+    tables, next_block = [], 0
+    for n_tokens, n_blocks in zip(seq_lens, blocks_per_seq):
+        table = order[next_block : next_block + n_blocks]
         next_block += n_blocks
-        block_tables[i, :n_blocks] = table.int()
-        pos = torch.arange(n_tokens)
-        slots = table[pos // block_size] * block_size + pos % block_size
-        flat_keys[slots] = torch.randn(n_tokens, num_kv_heads, head_dim, generator=gen) * magnitude
-        flat_values[slots] = torch.randn(n_tokens, num_kv_heads, head_dim, generator=gen)
+        tables.append(table)
+        where = slots(table, torch.arange(n_tokens), block_size)
+        flat_keys[where] = torch.randn(n_tokens, num_kv_heads, head_dim, generator=gen) * magnitude
+        flat_values[where] = torch.randn(n_tokens, num_kv_heads, head_dim, generator=gen)
+    block_tables = block_table_tensor(tables, max(blocks_per_seq) + 1)  # + a padding column of zeros
 
     query_lens = [q for _, q in chunks]
     num_rows = sum(query_lens)

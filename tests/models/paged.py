@@ -8,6 +8,7 @@ import random
 import torch
 
 from gpuworker.attention.base import AttentionBackend, AttentionMetadata
+from tests.paging import block_table_tensor, slots
 
 
 def build_metadata(
@@ -17,21 +18,18 @@ def build_metadata(
     device: torch.device | str = "cpu",
 ) -> tuple[AttentionMetadata, torch.Tensor]:
     """Return (metadata, positions) for one step."""
-    slots, positions, qsl, seq_lens, ctx_lens = [], [], [0], [], []
+    slot_mapping, positions, qsl, seq_lens, ctx_lens = [], [], [0], [], []
     for (ctx, q_len), table in zip(chunks, tables):
-        for pos in range(ctx, ctx + q_len):
-            slots.append(table[pos // block_size] * block_size + pos % block_size)
-            positions.append(pos)
+        span = range(ctx, ctx + q_len)
+        slot_mapping += slots(table, span, block_size)
+        positions += span
         qsl.append(qsl[-1] + q_len)
         seq_lens.append(ctx + q_len)
         ctx_lens.append(ctx)
-    width = max(len(t) for t in tables)
-    bt = torch.zeros(len(tables), width, dtype=torch.int32)
-    for i, t in enumerate(tables):
-        bt[i, : len(t)] = torch.tensor(t, dtype=torch.int32)
+    bt = block_table_tensor(tables, max(len(t) for t in tables))
     q_lens = [q for _, q in chunks]
     meta = AttentionMetadata(
-        slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
+        slot_mapping=torch.tensor(slot_mapping, dtype=torch.int64, device=device),
         query_start_loc=torch.tensor(qsl, dtype=torch.int32, device=device),
         seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
         context_lens=torch.tensor(ctx_lens, dtype=torch.int32, device=device),

@@ -1,0 +1,83 @@
+"""How an OpenAI request body becomes a Job, and how the job's output becomes the
+response body: one place, used by the HTTP routes and by the Batch API driver,
+so a batch line gives exactly the job (and body) the same request sent alone does."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Awaitable, Callable, Optional
+
+from schemas import Job
+from schemas.fold import Assembly
+from producer.gateway import openai_format as fmt
+from producer.gateway.errors import bad_request
+from producer.gateway.openai_schemas import (
+    ChatCompletionRequest, CompletionRequest, build_sampling, check_prompt_size,
+)
+from producer.gateway.runner import Context, make_job
+
+Resolver = Callable[[Optional[str]], Awaitable[str]]
+
+
+@dataclass
+class Prepared:
+    kind: str  # "completions" | "chat"
+    job: Job
+    model: str
+    logprobs_n: Optional[int]
+    prompt_logprobs_n: Optional[int]
+    prefix: str = ""  # the echoed prompt of a completion
+    echo: bool = False
+    echo_logprobs: bool = False
+
+    def body(self, job_id: str, asm: Assembly) -> dict:
+        """The non-streaming response body of the endpoint."""
+        if self.kind == "completions":
+            return fmt.completion_response(job_id, self.model, asm, self.prefix, self.logprobs_n, echo=self.echo,
+                                           prompt_logprobs_n=self.prompt_logprobs_n)
+        body = fmt.chat_response(job_id, self.model, asm, self.logprobs_n)
+        if self.prompt_logprobs_n is not None:  # vLLM puts them at the top of a chat response
+            body["prompt_logprobs"] = fmt.prompt_logprobs_body(asm, self.prompt_logprobs_n)
+        return body
+
+
+async def prepare_completion(ctx: Context, req: CompletionRequest, resolve: Resolver, *, tenant: Optional[str],
+                             deadline: float, priority: Optional[int] = None,
+                             metadata: Optional[dict] = None) -> Prepared:
+    if req.suffix:
+        raise bad_request("suffix is not supported", param="suffix")
+    text, token_ids = req.single_prompt()
+    if req.echo and text is None:
+        raise bad_request("echo is supported only for text prompts", param="echo")
+    check_prompt_size(ctx.settings, text=text, token_ids=token_ids)
+    # echo with logprobs reports the prompt's logprobs too: the worker computes them.
+    prompt_lp = req.prompt_logprobs
+    if req.echo and req.logprobs is not None:
+        prompt_lp = max(prompt_lp or 0, req.logprobs)
+    sampling = build_sampling(req, ctx.settings, req.max_tokens if req.max_tokens is not None else 16, req.logprobs,
+                              prompt_lp)
+    model = await resolve(req.model)
+    job = make_job(model=model, prompt=text, prompt_token_ids=token_ids, sampling=sampling,
+                   priority=req.priority if priority is None else priority, tenant=tenant, deadline=deadline,
+                   metadata={"route": "completions", **(metadata or {})})
+    return Prepared("completions", job, model, req.logprobs, req.prompt_logprobs,
+                    prefix=text if req.echo and text else "", echo=req.echo,
+                    echo_logprobs=req.echo and req.logprobs is not None)
+
+
+async def prepare_chat(ctx: Context, req: ChatCompletionRequest, resolve: Resolver, *, tenant: Optional[str],
+                       deadline: float, priority: Optional[int] = None, metadata: Optional[dict] = None) -> Prepared:
+    messages = req.job_messages()
+    check_prompt_size(ctx.settings, messages=messages)
+    logprobs_n: Optional[int] = None
+    if req.logprobs:
+        logprobs_n = req.top_logprobs or 0
+    elif req.top_logprobs:
+        raise bad_request("top_logprobs needs logprobs: true", param="top_logprobs")
+    max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+    sampling = build_sampling(req, ctx.settings, max_tokens, logprobs_n, req.prompt_logprobs)
+    model = await resolve(req.model)
+    # The worker applies the model's chat template to `messages`.
+    job = make_job(model=model, messages=messages, sampling=sampling,
+                   priority=req.priority if priority is None else priority, tenant=tenant, deadline=deadline,
+                   metadata={"route": "chat.completions", **(metadata or {})})
+    return Prepared("chat", job, model, logprobs_n, req.prompt_logprobs)
