@@ -23,6 +23,8 @@ from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+# How inferq's connections to the sentinels show in their CLIENT LIST.
+SENTINEL_CLIENT_NAME = "inferq-sentinel"
 
 
 class RedisSettings(BaseSettings):
@@ -141,7 +143,8 @@ class RedisSettings(BaseSettings):
         """Connections to the sentinels themselves: their own credentials, the
         same timeouts."""
         kw: dict[str, Any] = {"socket_timeout": self.socket_timeout,
-                              "socket_connect_timeout": self.socket_connect_timeout}
+                              "socket_connect_timeout": self.socket_connect_timeout,
+                              "client_name": SENTINEL_CLIENT_NAME}
         if self.redis_sentinel_username:
             kw["username"] = self.redis_sentinel_username
         if self.redis_sentinel_password is not None:
@@ -168,7 +171,8 @@ def sync_client(settings: RedisSettings):
         from redis.sentinel import Sentinel
 
         sentinel = Sentinel(settings.sentinel_addresses(), sentinel_kwargs=settings.sentinel_kwargs())
-        return sentinel.master_for(settings.redis_sentinel_master, **settings.master_kwargs())
+        return sentinel.master_for(settings.redis_sentinel_master, redis_class=_sync_master_class(),
+                                   **settings.master_kwargs())
     return redis.Redis.from_url(settings.redis_url, **settings.client_kwargs())
 
 
@@ -181,11 +185,11 @@ def async_client(settings: RedisSettings, max_connections: Optional[int] = None)
         from redis.asyncio.sentinel import Sentinel
 
         sentinel = Sentinel(settings.sentinel_addresses(), sentinel_kwargs=settings.sentinel_kwargs())
-        if max_connections is None:
-            return sentinel.master_for(settings.redis_sentinel_master, **settings.master_kwargs())
-        return sentinel.master_for(settings.redis_sentinel_master, connection_pool_class=_bounded_sentinel_pool(),
-                                   max_connections=max_connections, timeout=settings.socket_connect_timeout,
-                                   **settings.master_kwargs())
+        kw = settings.master_kwargs()
+        if max_connections is not None:
+            kw.update(connection_pool_class=_bounded_sentinel_pool(), max_connections=max_connections,
+                      timeout=settings.socket_connect_timeout)
+        return sentinel.master_for(settings.redis_sentinel_master, redis_class=_async_master_class(), **kw)
     if max_connections is None:
         return aredis.Redis.from_url(settings.redis_url, **settings.client_kwargs())
     pool = aredis.BlockingConnectionPool.from_url(settings.redis_url, max_connections=max_connections,
@@ -193,13 +197,59 @@ def async_client(settings: RedisSettings, max_connections: Optional[int] = None)
     return aredis.Redis(connection_pool=pool)
 
 
+# The classes below are made on first use: redis is imported lazily here.
+_classes: dict[str, Any] = {}
+
+
+def _sync_master_class():
+    """A master client that also closes its connections to the sentinels when it
+    is closed (a pinned single-connection client leaves them to its parent)."""
+    if "sync" not in _classes:
+        import redis
+
+        class SentinelMasterClient(redis.Redis):
+            def __init__(self, *args, **kwargs):
+                super().__init__(*args, **kwargs)
+                self._owns_sentinels = not kwargs.get("single_connection_client", False)
+
+            def close(self) -> None:
+                super().close()
+                if self._owns_sentinels:
+                    for s in self.connection_pool.sentinel_manager.sentinels:
+                        s.close()
+
+        _classes["sync"] = SentinelMasterClient
+    return _classes["sync"]
+
+
+def _async_master_class():
+    if "async" not in _classes:
+        import redis.asyncio as aredis
+
+        class AsyncSentinelMasterClient(aredis.Redis):
+            def __init__(self, *args, **kwargs):
+                super().__init__(*args, **kwargs)
+                self._owns_sentinels = not kwargs.get("single_connection_client", False)
+
+            async def aclose(self, close_connection_pool: Optional[bool] = None) -> None:
+                await super().aclose(close_connection_pool)
+                if self._owns_sentinels:
+                    for s in self.connection_pool.sentinel_manager.sentinels:
+                        await s.aclose()
+
+        _classes["async"] = AsyncSentinelMasterClient
+    return _classes["async"]
+
+
 def _bounded_sentinel_pool():
     """A sentinel-managed pool that waits for a free connection (like
     BlockingConnectionPool) instead of opening one past ``max_connections``."""
-    from redis.asyncio import BlockingConnectionPool
-    from redis.asyncio.sentinel import SentinelConnectionPool
+    if "bounded" not in _classes:
+        from redis.asyncio import BlockingConnectionPool
+        from redis.asyncio.sentinel import SentinelConnectionPool
 
-    class BoundedSentinelConnectionPool(SentinelConnectionPool, BlockingConnectionPool):
-        pass
+        class BoundedSentinelConnectionPool(SentinelConnectionPool, BlockingConnectionPool):
+            pass
 
-    return BoundedSentinelConnectionPool
+        _classes["bounded"] = BoundedSentinelConnectionPool
+    return _classes["bounded"]

@@ -139,6 +139,43 @@ def test_clients_follow_the_master_through_a_failover(sentinel_deployment):
     r.close()
 
 
+def _sentinel_clients(d) -> int:
+    """inferq's connections to the sentinels, as the sentinels list them."""
+    from schemas.connection import SENTINEL_CLIENT_NAME
+
+    n = 0
+    for port in d.sentinel_ports:
+        r = d.sentinel(port)
+        n += sum(1 for c in r.client_list() if c.get("name") == SENTINEL_CLIENT_NAME)
+        r.close()
+    return n
+
+
+def test_closing_a_client_closes_its_sentinel_connections(sentinel_deployment):
+    d = sentinel_deployment
+    assert _sentinel_clients(d) == 0
+    p = Producer(settings=d.settings(admission_replicas=1, default_model=MODEL))
+    p.submit("x", sampling=greedy())  # uses a pinned connection for WAIT, which leaves the sentinels alone
+    p.redis.ping()
+    assert _sentinel_clients(d) >= 1
+    p.close()
+    wait_for(lambda: _sentinel_clients(d) == 0, 10, what="sync client's sentinel connections closed")
+
+    async def use_and_close():
+        for bound in (None, 4):
+            r = async_client(d.settings(), max_connections=bound)
+            await r.ping()
+            assert _sentinel_clients(d) >= 1
+            await r.aclose()
+            await asyncio.sleep(0)
+        ap = AsyncProducer(settings=d.settings(admission_replicas=1, default_model=MODEL))
+        await ap.submit("y", sampling=greedy())
+        await ap.close()
+
+    asyncio.run(use_and_close())
+    wait_for(lambda: _sentinel_clients(d) == 0, 10, what="async clients' sentinel connections closed")
+
+
 def _try(fn):
     try:
         return fn()
