@@ -431,3 +431,32 @@ def test_celery_broker_and_backend_go_through_the_sentinels(sentinel_deployment,
     r = sync_client(d.settings())
     assert r.get("inferq-sentinel-probe") == b"42"  # written on the master the sentinels name
     r.close()
+
+
+def test_cli_in_sentinel_mode(sentinel_deployment):
+    """`inferq submit` / `inferq status` as a user runs them, configured only by
+    the INFERQ_REDIS_* sentinel variables."""
+    import os
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    d = sentinel_deployment
+    root = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("INFERQ_")}
+    env.update(d.env(), PYTHONPATH=str(root), COLUMNS="200", INFERQ_ADMISSION_REPLICAS="1")
+
+    def inferq(*args):
+        return subprocess.run([sys.executable, "-m", "inferq.cli", *args], env=env, capture_output=True, text=True,
+                              timeout=120)
+
+    sub = inferq("submit", "--detach", "--model", MODEL, "hello from the cli")
+    assert sub.returncode == 0, sub.stderr
+    job_id = re.search(r"[0-9a-f]{32}", sub.stdout + sub.stderr).group(0)
+    replica = redis.Redis(port=d.replica_port)
+    assert replica.exists(keys.job_info(job_id))  # WAIT 1: on the replica before the CLI returned
+    replica.close()
+    st = inferq("status")
+    assert st.returncode == 0, st.stderr
+    assert f"sentinel {SERVICE} via" in st.stdout and MODEL in st.stdout, st.stdout
