@@ -10,7 +10,6 @@ from schemas import Job, keys
 from schemas.records import DeadLetter
 from schemas.text import as_str
 from inferq.cli_common import err, friendly_errors, out, producer
-from schemas.connection import redact_url
 from producer.errors import InferqError
 from producer.queue_stats import all_stats, discover_models
 
@@ -22,7 +21,7 @@ def cmd_status(args) -> int:
     if args.json:
         out.print(json.dumps([s.as_dict() for s in stats], indent=2), markup=False)
         return 0
-    out.print(f"Redis: {redact_url(p.settings.redis_url)}")
+    out.print(f"Redis: {p.settings.safe_url()}")
     if not stats:
         out.print("no models yet: no job submitted and no worker registered")
         return 0

@@ -224,14 +224,16 @@ def cmd_doctor(args) -> int:
 
 
 def redis_warnings() -> list[str]:
-    """The queue's Redis (INFERQ_REDIS_URL) checked for eviction and persistence."""
-    from schemas.redis_checks import queue_warnings
+    """The queue's Redis (INFERQ_REDIS_URL, or the master the sentinels name)
+    checked for eviction, persistence and the replicas WAIT asks for."""
+    from schemas.redis_checks import queue_warnings, replication_warnings
     from schemas.connection import sync_client
     from producer.settings import ProducerSettings
 
-    r = sync_client(ProducerSettings())
+    s = ProducerSettings()
+    r = sync_client(s)  # in sentinel mode: the current master
     try:
-        return queue_warnings(r)
+        return queue_warnings(r) + replication_warnings(r, s.admission_replicas)
     except Exception as e:
         return [f"cannot reach Redis to check its configuration: {e}"]
     finally:

@@ -59,8 +59,12 @@ def _pick_port(wanted: Optional[int], default: int, host: str = "127.0.0.1") -> 
 
 
 def _redis_reachable(url: str) -> bool:
+    return _redis_reachable_with(RedisSettings(redis_url=url, redis_mode="standalone"))
+
+
+def _redis_reachable_with(settings: RedisSettings) -> bool:
     try:
-        r = sync_client(RedisSettings(redis_url=url, socket_connect_timeout=2, socket_timeout=2))
+        r = sync_client(settings.model_copy(update={"socket_connect_timeout": 2, "socket_timeout": 2}))
         ok = bool(r.ping())
         r.close()
         return ok
@@ -114,6 +118,14 @@ class Supervisor:
     # -- start ----------------------------------------------------------
     def start_redis(self) -> None:
         given = RedisSettings()
+        if given.sentinel_mode:
+            # A Sentinel deployment is the operator's: use it (the children inherit
+            # INFERQ_REDIS_MODE / SENTINELS / SENTINEL_MASTER), never a local stand-in.
+            if not _redis_reachable_with(given):
+                raise EmbeddedRedisError(f"INFERQ_REDIS_MODE=sentinel, but no master is reachable ({given.safe_url()})")
+            self.redis_url = given.redis_url
+            self.console.print(f"[green]✓[/green] Redis {given.safe_url()} (from INFERQ_REDIS_MODE=sentinel)")
+            return
         url = given.redis_url if "redis_url" in given.model_fields_set else None  # set by INFERQ_REDIS_URL
         if url:
             if _redis_reachable(url):

@@ -2,6 +2,7 @@
 the job enqueued in one atomic Redis step (see admission.lua)."""
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from importlib import resources
 from typing import Optional
@@ -26,6 +27,17 @@ class Admitted:
     duplicate: bool
     # For a duplicate: the earlier job's current status (queued, running, done, ...).
     status: str = records.QUEUED
+    # With INFERQ_ADMISSION_REPLICAS > 0: how many replicas acknowledged the
+    # admission write (WAIT) before we returned; None when WAIT is off or for a
+    # duplicate (nothing new was written).
+    replicas: Optional[int] = None
+    replicas_wanted: int = 0
+
+    @property
+    def replicated(self) -> bool:
+        """False only when WAIT was asked for and fewer replicas acknowledged:
+        the job is accepted, but a failover right now could lose it."""
+        return self.replicas is None or self.replicas >= self.replicas_wanted
 
 
 def script_keys(job: Job, idempotency_key: Optional[str]) -> list[str]:
@@ -95,14 +107,71 @@ return 0
 """
 
 
+log = logging.getLogger("inferq.admission")
+
+# WAIT itself failing (the master died right after the script ran) says nothing
+# about the job: it is returned as accepted, with no replica confirmed.
+_WAIT_LOST = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
+
+
+def _unreplicated(adm: Admitted, s: ProducerSettings, why: str) -> None:
+    log.warning("job %s accepted but only %s of %s replicas acknowledged it within %s ms (%s): a failover now "
+                "could lose it", adm.job_id, adm.replicas, s.admission_replicas, s.admission_wait_ms, why)
+
+
+def _run_script(r, script, job: Job, idempotency_key: Optional[str], s: ProducerSettings, reset: bool) -> Admitted:
+    """The admission script, then (with INFERQ_ADMISSION_REPLICAS) WAIT on the
+    same connection: WAIT counts the replicas that have this connection's writes."""
+    kw = dict(keys=script_keys(job, idempotency_key), args=script_args(job, idempotency_key, s, reset))
+    if not s.admission_replicas:
+        return interpret(script(**kw), job, s)
+    pinned = r.client()  # one connection for the script and its WAIT
+    try:
+        adm = interpret(script(client=pinned, **kw), job, s)
+        if adm.duplicate:
+            return adm
+        adm.replicas_wanted = s.admission_replicas
+        try:
+            adm.replicas = int(pinned.wait(s.admission_replicas, s.admission_wait_ms))
+            why = "timeout"
+        except _WAIT_LOST as e:
+            adm.replicas, why = 0, f"WAIT failed: {e}"
+        if not adm.replicated:
+            _unreplicated(adm, s, why)
+        return adm
+    finally:
+        pinned.close()
+
+
+async def _arun_script(r, script, job: Job, idempotency_key: Optional[str], s: ProducerSettings) -> Admitted:
+    kw = dict(keys=script_keys(job, idempotency_key), args=script_args(job, idempotency_key, s))
+    if not s.admission_replicas:
+        return interpret(await script(**kw), job, s)
+    pinned = r.client()
+    try:
+        adm = interpret(await script(client=pinned, **kw), job, s)
+        if adm.duplicate:
+            return adm
+        adm.replicas_wanted = s.admission_replicas
+        try:
+            adm.replicas = int(await pinned.wait(s.admission_replicas, s.admission_wait_ms))
+            why = "timeout"
+        except _WAIT_LOST as e:
+            adm.replicas, why = 0, f"WAIT failed: {e}"
+        if not adm.replicated:
+            _unreplicated(adm, s, why)
+        return adm
+    finally:
+        await pinned.aclose()
+
+
 def admit(r, script, job: Job, idempotency_key: Optional[str], s: ProducerSettings, reset: bool = False) -> Admitted:
     """Admission as every producer runs it (sync): the script, then for a
     duplicate the earlier job's real status. A key that outlived its job's
     records (they expired) is forgotten and the job admitted anew."""
     for _ in range(2):
         try:
-            adm = interpret(script(keys=script_keys(job, idempotency_key),
-                                   args=script_args(job, idempotency_key, s, reset)), job, s)
+            adm = _run_script(r, script, job, idempotency_key, s, reset)
         except REFUSING_WRITES as e:
             raise refused(job, e) from None
         if not adm.duplicate:
@@ -119,8 +188,7 @@ async def aadmit(r, script, job: Job, idempotency_key: Optional[str], s: Produce
     """Async twin of ``admit`` (redis.asyncio client and script)."""
     for _ in range(2):
         try:
-            adm = interpret(await script(keys=script_keys(job, idempotency_key),
-                                         args=script_args(job, idempotency_key, s)), job, s)
+            adm = await _arun_script(r, script, job, idempotency_key, s)
         except REFUSING_WRITES as e:
             raise refused(job, e) from None
         if not adm.duplicate:

@@ -24,11 +24,16 @@ from schemas.connection import async_client
 
 
 class AsyncJobHandle:
-    def __init__(self, producer: "AsyncProducer", job_id: str, *, entry_id: Optional[str] = None, duplicate: bool = False):
+    def __init__(self, producer: "AsyncProducer", job_id: str, *, entry_id: Optional[str] = None, duplicate: bool = False,
+                 replicas: Optional[int] = None, replicated: bool = True):
         self._p = producer
         self.id = job_id
         self.entry_id = entry_id
         self.duplicate = duplicate
+        # INFERQ_ADMISSION_REPLICAS: replicas that acknowledged the job (None: WAIT
+        # off); replicated is False when fewer than asked did (see docs/deploy.md).
+        self.replicas = replicas
+        self.replicated = replicated
 
     def __repr__(self) -> str:
         return f"AsyncJobHandle({self.id!r})"
@@ -100,7 +105,8 @@ class AsyncProducer:
     async def submit(self, prompt: Optional[str] = None, *, idempotency_key: Optional[str] = None, **kw: Any) -> AsyncJobHandle:
         job = build_job(self.default_model, prompt, idempotency_key=idempotency_key, **kw)
         adm = await aadmit(self.redis, self._admit, job, idempotency_key, self.settings)
-        return AsyncJobHandle(self, adm.job_id, entry_id=adm.entry_id, duplicate=adm.duplicate)
+        return AsyncJobHandle(self, adm.job_id, entry_id=adm.entry_id, duplicate=adm.duplicate,
+                              replicas=adm.replicas, replicated=adm.replicated)
 
     def job(self, job_id: str) -> AsyncJobHandle:
         return AsyncJobHandle(self, job_id)

@@ -1,7 +1,8 @@
 """The Celery application for backends that already run Celery.
 
 Broker and result backend are the inferq Redis (INFERQ_REDIS_URL, with
-INFERQ_REDIS_PASSWORD / TLS settings), unless INFERQ_CELERY_BROKER_URL /
+INFERQ_REDIS_PASSWORD / TLS settings; in sentinel mode the master the sentinels
+name, through kombu's ``sentinel://`` transport), unless INFERQ_CELERY_BROKER_URL /
 INFERQ_CELERY_RESULT_BACKEND say otherwise. No model ever runs here: tasks
 submit jobs to the GPU workers through the queue and wait for replies.
 
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import ssl
 from typing import Optional
-from urllib.parse import urlparse
+from urllib.parse import quote, urlparse
 
 from celery import Celery
 from pydantic import Field
@@ -47,9 +48,26 @@ def beat_schedule(s: Optional[CelerySettings] = None) -> dict:
     }
 
 
+def sentinel_url(s: ProducerSettings) -> str:
+    """INFERQ_REDIS_MODE=sentinel as kombu/Celery spell it: one ``sentinel://``
+    URL per sentinel, joined by ``;``, carrying the master's credentials and db
+    (the service name goes in the transport options, see ``sentinel_options``)."""
+    m = s.master_kwargs()
+    auth = ""
+    if "password" in m:
+        auth = f"{quote(m.get('username') or '', safe='')}:{quote(m['password'], safe='')}@"
+    hosts = [(f"[{h}]" if ":" in h else h, p) for h, p in s.sentinel_addresses()]
+    return ";".join(f"sentinel://{auth}{h}:{p}/{m['db']}" for h, p in hosts)
+
+
+def sentinel_options(s: ProducerSettings) -> dict:
+    return {"master_name": s.redis_sentinel_master, "sentinel_kwargs": s.sentinel_kwargs()}
+
+
 def make_celery() -> Celery:
     s = CelerySettings()
-    broker = s.celery_broker_url or s.url_with_credentials()
+    inferq_redis = sentinel_url(s) if s.sentinel_mode else s.url_with_credentials()
+    broker = s.celery_broker_url or inferq_redis
     backend = s.celery_result_backend or broker
     app = Celery("inferq", broker=broker, backend=backend, include=["producer.celery_tasks"])
     app.conf.update(
@@ -59,7 +77,9 @@ def make_celery() -> Celery:
         task_acks_late=True,
         task_reject_on_worker_lost=True,
         worker_prefetch_multiplier=1,
-        broker_transport_options={"visibility_timeout": s.celery_visibility_timeout},
+        broker_transport_options={"visibility_timeout": s.celery_visibility_timeout,
+                                  **(sentinel_options(s) if urlparse(broker).scheme == "sentinel" else {})},
+        result_backend_transport_options=sentinel_options(s) if urlparse(backend).scheme == "sentinel" else {},
         broker_connection_retry_on_startup=True,
         result_expires=s.celery_result_expires,
         result_extended=True,

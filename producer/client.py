@@ -190,11 +190,16 @@ def follow_plan(settings: ProducerSettings, job_id: str, block_ms: int, timeout:
 class JobHandle:
     """A submitted job. Cheap to create: ``Producer.job(id)`` works from anywhere."""
 
-    def __init__(self, producer: "Producer", job_id: str, *, entry_id: Optional[str] = None, duplicate: bool = False):
+    def __init__(self, producer: "Producer", job_id: str, *, entry_id: Optional[str] = None, duplicate: bool = False,
+                 replicas: Optional[int] = None, replicated: bool = True):
         self._p = producer
         self.id = job_id
         self.entry_id = entry_id
         self.duplicate = duplicate
+        # INFERQ_ADMISSION_REPLICAS: replicas that acknowledged the job (None: WAIT
+        # off); replicated is False when fewer than asked did (see docs/deploy.md).
+        self.replicas = replicas
+        self.replicated = replicated
 
     def __repr__(self) -> str:
         return f"JobHandle({self.id!r})"
@@ -278,7 +283,8 @@ class Producer:
         for bad input, QueueFull when the backlog is at its bound, RateLimited."""
         job = build_job(self.default_model, prompt, idempotency_key=idempotency_key, **kw)
         adm = admit(self.redis, self._admit, job, idempotency_key, self.settings)
-        return JobHandle(self, adm.job_id, entry_id=adm.entry_id, duplicate=adm.duplicate)
+        return JobHandle(self, adm.job_id, entry_id=adm.entry_id, duplicate=adm.duplicate,
+                         replicas=adm.replicas, replicated=adm.replicated)
 
     def job(self, job_id: str) -> JobHandle:
         return JobHandle(self, job_id)

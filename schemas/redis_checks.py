@@ -35,3 +35,20 @@ def queue_warnings(r) -> list[str]:
                    "last snapshot" + ("" if snapshots else ", and no snapshot was ever written") +
                    "; set appendonly yes")
     return out
+
+
+def replication_warnings(r, admission_replicas: int) -> list[str]:
+    """With WAIT after admission (INFERQ_ADMISSION_REPLICAS): whether the master
+    has that many replicas connected; with fewer, every admission waits out its
+    timeout and returns its job marked not replicated."""
+    if admission_replicas <= 0:
+        return []
+    try:
+        repl = _info(r, "replication")
+    except Exception as e:
+        return [f"cannot read Redis INFO replication ({e}) to check INFERQ_ADMISSION_REPLICAS"]
+    connected = int(repl.get("connected_slaves", 0) or 0)
+    if connected >= admission_replicas:
+        return []
+    return [f"INFERQ_ADMISSION_REPLICAS={admission_replicas} but the master has {connected} connected replica(s): "
+            "every admission waits INFERQ_ADMISSION_WAIT_MS and returns its job marked not replicated"]

@@ -9,7 +9,7 @@ from typing import Optional
 from pydantic import ValidationError
 
 # Secrets never become flags: a command line is visible to every local user (ps).
-NOT_FLAGS = frozenset({"redis_password"})
+NOT_FLAGS = frozenset({"redis_password", "redis_sentinel_password"})
 
 
 def _flag_type(annotation):

@@ -94,4 +94,4 @@ class WorkerSettings(QueuePolicy):
 
     def safe_dump(self) -> dict:
         """For logs and the config metric: no secrets, no URL password."""
-        return {**self.model_dump(exclude={"redis_password"}), "redis_url": self.safe_url()}
+        return {**self.model_dump(exclude={"redis_password", "redis_sentinel_password"}), "redis_url": self.safe_url()}

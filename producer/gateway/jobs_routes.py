@@ -75,9 +75,11 @@ async def submit_job(req: JobRequest, request: Request, principal: Principal = D
     adm = await admit(ctx, job, req.idempotency_key)
     ctx.metrics.jobs_submitted.labels(route="jobs").inc()
     # A duplicate answers with the earlier job and its real status (it may be done).
-    return JSONResponse({"id": adm.job_id, "object": "job", "status": adm.status, "model": model,
-                         "duplicate": adm.duplicate, "events_url": f"/v1/jobs/{adm.job_id}/events"},
-                        status_code=202)
+    body = {"id": adm.job_id, "object": "job", "status": adm.status, "model": model,
+            "duplicate": adm.duplicate, "events_url": f"/v1/jobs/{adm.job_id}/events"}
+    if adm.replicas is not None:  # INFERQ_ADMISSION_REPLICAS: say whether the replicas have it
+        body.update(replicas=adm.replicas, replicated=adm.replicated)
+    return JSONResponse(body, status_code=202)
 
 
 @router.get("/v1/jobs/{job_id}")
