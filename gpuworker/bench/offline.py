@@ -135,7 +135,7 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=2, help="torch threads, the same for every system")
     p.add_argument("--repeats", type=int, default=1, help="runs per system; the median is reported")
-    p.add_argument("--dtype", default=None, help="float32 (CPU default) | bfloat16 (CUDA default) | float16")
+    p.add_argument("--dtype", default=None, help="auto (default: bfloat16 on CUDA or CPUs with AVX512-BF16/AMX, else float32) | float32 | bfloat16 | float16")
     p.add_argument("--device", default=None)
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)

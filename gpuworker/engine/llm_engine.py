@@ -30,7 +30,9 @@ class LLMEngine:
     def __init__(self, config: Optional[EngineConfig] = None, **kwargs):
         self.config = config = config or EngineConfig(**kwargs)
         self.device = config.resolved_device()
-        dtype = config.resolved_dtype(self.device)
+        dtype, why = config.resolved_dtype_and_reason(self.device)
+        self.dtype = dtype
+        log.info("engine dtype %s on %s (%s)", str(dtype).removeprefix("torch."), self.device, why)
         self.backend = get_backend(config.resolved_backend(self.device))
         loaded = load_model(config.model, dtype=dtype, device=self.device, backend=self.backend)
         self.model = loaded.model

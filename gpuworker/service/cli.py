@@ -19,7 +19,7 @@ FLAGS = [
     ("--block-size", "block_size", int, "tokens per KV block"),
     ("--max-model-len", "max_model_len", int, "cap on prompt + output tokens"),
     ("--device", "device", str, "cpu | cuda | cuda:N"),
-    ("--dtype", "dtype", str, "float32 | bfloat16 | float16"),
+    ("--dtype", "dtype", str, "auto (bfloat16 on CUDA or a CPU with AVX512-BF16/AMX, else float32) | float32 | bfloat16 | float16"),
     ("--metrics-port", "metrics_port", int, "Prometheus port (0 = off)"),
     ("--lease-seconds", "lease_seconds", float, "lease length; dead workers' jobs are reclaimed after 3 leases"),
     ("--max-deliveries", "max_deliveries", int, "deliveries before a job goes to the DLQ"),
