@@ -63,7 +63,8 @@ class LLMEngine:
             policy=config.scheduling_policy,
             enable_chunked_prefill=config.enable_chunked_prefill,
         )
-        self.runner = ModelRunner(self.model, self.kv_caches, config.block_size, self.device)
+        self.runner = ModelRunner(self.model, self.kv_caches, config.block_size, self.device,
+                                  max_num_seqs=config.max_num_seqs, max_model_len=self.max_model_len)
         if self.device.type == "cuda" and self.backend.name == "triton" and not config.enforce_eager:
             from gpuworker.engine.cuda_graphs import DecodeGraphs
 
