@@ -113,7 +113,8 @@ class DecoderLayer(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         cfg = self.cfg
         eps = cfg.rms_norm_eps
-        residual = hidden if residual is None else hidden + residual
+        # In place: the residual stream is private to the forward (fewer allocations).
+        residual = hidden if residual is None else residual.add_(hidden)
         x = rms_norm(residual, self.input_layernorm, eps)
 
         qkv = F.linear(x, self.qkv_proj, self.qkv_bias)
@@ -130,10 +131,10 @@ class DecoderLayer(nn.Module):
         attn = self.backend.forward(q, k, v, kv_cache, meta, self.scale)
         x = F.linear(attn.view(t, self.q_size), self.o_proj, self.o_bias)
 
-        residual = x + residual
+        residual = residual.add_(x)
         x = rms_norm(residual, self.post_attention_layernorm, eps)
         gate, up = F.linear(x, self.gate_up_proj, self.gate_up_bias).chunk(2, dim=-1)
-        x = F.linear(F.silu(gate) * up, self.down_proj, self.down_bias)
+        x = F.linear(F.silu(gate).mul_(up), self.down_proj, self.down_bias)
         return x, residual
 
 
@@ -177,6 +178,11 @@ class LlamaForCausalLM(nn.Module):
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return F.linear(hidden, self.lm_head).float()
+
+    @torch.inference_mode()
+    def lm_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits in the model dtype (enough for an argmax)."""
+        return F.linear(hidden, self.lm_head)
 
     # ------------------------------------------------------------------ weights
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
