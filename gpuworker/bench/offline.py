@@ -140,7 +140,10 @@ def parse_args(argv=None):
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
     p.add_argument("--static-batch-size", type=int, default=16)
-    p.add_argument("--peers", default="static,generate_batch", help="comma list: static, generate_batch, or none")
+    p.add_argument("--peers", default="static,generate_batch",
+                   help="comma list: static, generate_batch, vllm (its own venv, see --vllm-python), or none")
+    p.add_argument("--vllm-python", default=None,
+                   help="Python of vLLM's virtual environment (default: $INFERQ_VLLM_PYTHON; scripts/setup_vllm_peer.sh makes one)")
     p.add_argument("--json", default=None, help="also write the results here")
     return p.parse_args(argv)
 
@@ -169,6 +172,20 @@ def main(argv=None) -> int:
     print(f"  inferq: {results[-1].median_s:.1f} s", flush=True)
 
     peers = [x for x in args.peers.split(",") if x and x != "none"]
+    unknown = set(peers) - {"static", "generate_batch", "vllm"}
+    if unknown:
+        raise SystemExit(f"unknown peer(s) {sorted(unknown)}; choose static, generate_batch, vllm")
+    if "vllm" in peers:
+        from gpuworker.bench.vllm_peer import run_vllm, vllm_python
+
+        folder, _, _ = resolve_model_folder(args.model)
+        secs = run_vllm(vllm_python(args.vllm_python), str(folder), wl.prompts, wl.output_lens,
+                        dtype=str(dtype).removeprefix("torch."), repeats=args.repeats,
+                        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+                        threads=args.threads)
+        results.append(Result("vLLM LLM.generate", secs, wl.output_tokens))
+        print(f"  {results[-1].system}: {results[-1].median_s:.1f} s", flush=True)
+    peers = [x for x in peers if x != "vllm"]
     if peers:
         from transformers import AutoModelForCausalLM
 
