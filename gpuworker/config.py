@@ -61,6 +61,8 @@ class EngineConfig:
     dtype: Optional[str] = None  # None: bfloat16 on CUDA and on CPUs with AVX512-BF16/AMX, else float32
     device: Optional[str] = None  # None: cuda if available, else cpu
     enforce_eager: bool = False  # True: no CUDA graphs for decode steps
+    # CPU bfloat16: prepack matmul weights for oneDNN once at load (None/True: where it works).
+    prepack_weights: Optional[bool] = None
 
     # Default KV budget on CPU, where there is no memory profiling to do.
     CPU_KV_CACHE_BYTES = 2 * 1024**3

@@ -39,6 +39,9 @@ class LLMEngine:
         self.model_config = loaded.config
         self.tokenizer = loaded.tokenizer
         self.model_name = config.served_model_name or loaded.name
+        if config.prepack_weights is not False and self.device.type == "cpu" and hasattr(self.model, "prepack_cpu_weights"):
+            if self.model.prepack_cpu_weights():
+                log.info("matmul weights prepacked for oneDNN (CPU %s)", str(dtype).removeprefix("torch."))
         self.eos_token_ids = tuple(loaded.config.eos_token_ids)
 
         mc = loaded.config
@@ -75,6 +78,7 @@ class LLMEngine:
         self.requests: dict[str, Request] = {}
         self._with_deadline: set[str] = set()
         self.num_steps = 0
+        self.last_step_times = None  # (schedule s, runner StepTimes, output/detokenize s)
         self.num_generated_tokens = 0
         self.num_prompt_tokens = 0
 
@@ -150,15 +154,18 @@ class LLMEngine:
 
     # -- the step -------------------------------------------------------------
     def step(self) -> list[RequestDelta]:
+        t0 = time.perf_counter()
         deltas = self._expire_deadlines()
         sched = self.scheduler.schedule()
         if not sched:
             return deltas
+        t1 = time.perf_counter()
         now = time.time()
         for s in sched.scheduled:
             if s.request.first_scheduled_time is None:
                 s.request.first_scheduled_time = now
         sampled = self.runner.execute(sched, self.kv)
+        t2 = time.perf_counter()
         for s in sched.scheduled:
             self.kv.cache_computed_blocks(s.request)
         self.num_steps += 1
@@ -170,6 +177,8 @@ class LLMEngine:
             d = self._on_token(st.scheduled.request, st.token_id, st.logprobs)
             if d is not None:
                 deltas.append(d)
+        # Host time split of this step (seconds), read by `inferq bench offline --step`.
+        self.last_step_times = (t1 - t0, self.runner.last_times, time.perf_counter() - t2)
         return deltas
 
     def _on_token(self, req: Request, token: int, logprobs) -> Optional[RequestDelta]:
