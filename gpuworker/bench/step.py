@@ -58,7 +58,7 @@ def measure(llm, batch: int, prompt_len: int, steps: int, sampling: bool, seed: 
     eng = llm.engine
     rng = random.Random(seed)
     vocab = eng.model_config.vocab_size
-    params = (SamplingParams(max_tokens=steps + 8, temperature=0.8, top_p=0.95, seed=seed, ignore_eos=True)
+    params = (SamplingParams(max_tokens=steps + 8, temperature=0.8, top_p=0.95, ignore_eos=True)
               if sampling else SamplingParams(max_tokens=steps + 8, temperature=0, ignore_eos=True))
     for i in range(batch):
         eng.add_request(f"s{batch}-{i}", [rng.randrange(1000, vocab) for _ in range(prompt_len)], params)

@@ -27,6 +27,7 @@ import tempfile
 import time
 
 ENV_PYTHON = "INFERQ_VLLM_PYTHON"
+_TAG = "@@inferq-peer "
 
 
 def vllm_python(explicit: str | None = None) -> str:
@@ -65,11 +66,16 @@ class VllmPeer:
         self.startup_s = self._expect("ready")
 
     def _expect(self, word: str) -> float:
+        # vLLM logs to stdout too: protocol lines carry a prefix of their own.
         line = self.proc.stdout.readline()
+        while line and not line.startswith(_TAG):
+            line = self.proc.stdout.readline()
+        line = line[len(_TAG):]
         if not line.startswith(word + " "):
-            self.close()
+            self._log.flush()
             self._log.seek(0)
             tail = self._log.read()[-4000:]
+            self.close()
             raise RuntimeError(f"vLLM peer failed (exit {self.proc.poll()}), got {line!r}:\n{tail}")
         return float(line.split()[1])
 
@@ -105,7 +111,7 @@ def _child(job_path: str) -> int:
     # Warm-up (compilation and caches) on a few short requests, as inferq gets.
     n = min(4, len(prompts))
     llm.generate(prompts[:n], [SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)] * n, use_tqdm=False)
-    print(f"ready {time.perf_counter() - t0:.3f}", flush=True)
+    print(f"{_TAG}ready {time.perf_counter() - t0:.3f}", flush=True)
     for line in sys.stdin:
         if line.strip() != "run":
             break
@@ -114,9 +120,9 @@ def _child(job_path: str) -> int:
         took = time.perf_counter() - t
         got = sum(len(o.outputs[0].token_ids) for o in outs)
         if got != want:
-            print(f"error vLLM made {got} tokens, expected {want}", flush=True)
+            print(f"{_TAG}error vLLM made {got} tokens, expected {want}", flush=True)
             return 1
-        print(f"seconds {took:.4f}", flush=True)
+        print(f"{_TAG}seconds {took:.4f}", flush=True)
     return 0
 
 
