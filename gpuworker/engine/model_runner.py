@@ -101,6 +101,8 @@ class PersistentBlockTable:
                 self.src_of[rid] = ids
                 self.filled[row] = 0
             have, n = int(self.filled[row]), len(ids)
+            if n < have:  # the list shrank in place: rewrite the row
+                have = 0
             if n > have:
                 if n > self.table.shape[1]:
                     self._grow(width=max(n, 2 * self.table.shape[1]))
