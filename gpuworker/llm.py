@@ -77,6 +77,8 @@ class LLM:
                 st["text"].append(d.new_text)
                 if d.logprobs:
                     st["logprobs"].extend(d.logprobs)
+                if d.prompt_logprobs is not None:
+                    st["prompt_logprobs"] = d.prompt_logprobs
                 if d.finished:
                     st["reason"] = d.finish_reason
                     st["cached"] = d.num_cached_tokens
@@ -92,10 +94,10 @@ class LLM:
                     finish_reason=state[rid]["reason"],
                     logprobs=state[rid]["logprobs"] if p.logprobs is not None else None,
                     num_cached_tokens=state[rid].get("cached", 0),
+                    prompt_logprobs=state[rid].get("prompt_logprobs"),
                 )
                 for rid in rids
             ]
-            first = outs[0]
-            first.samples = outs  # type: ignore[attr-defined]
-            results.append(first)
+            outs[0].samples = outs
+            results.append(outs[0])
         return results

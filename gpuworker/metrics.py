@@ -61,6 +61,8 @@ class WorkerMetrics:
                                L + ["code"], registry=reg)
         self.redeliveries = c("inferq:job_redeliveries", "Jobs started again after an earlier attempt.")
         self.reclaimed = c("inferq:jobs_reclaimed", "Entries claimed from idle (dead) workers.")
+        self._refused = Counter("inferq:fenced_refusals", "State changes Redis refused because this worker no "
+                                "longer owned the job (lease lost): never published.", L + ["op"], registry=reg)
         self.reply_events = c("inferq:reply_events", "Events written to reply streams.")
         self.step_time = h("inferq:engine_step_seconds", "Wall time of one engine step.", STEP_BUCKETS)
         self.publish_time = h("inferq:publish_seconds", "Wall time of one reply pipeline round trip.", STEP_BUCKETS)
@@ -71,6 +73,9 @@ class WorkerMetrics:
 
     def finished(self, reason: str) -> None:
         self._finished.labels(self.model_name, reason).inc()
+
+    def refused(self, op: str) -> None:
+        self._refused.labels(self.model_name, op).inc()
 
     def error(self, code: str) -> None:
         self._errors.labels(self.model_name, code).inc()

@@ -10,9 +10,11 @@ from producer.errors import (
     JobNotFound,
     JobRestarted,
     QueueFull,
+    QueueUnavailable,
     RateLimited,
 )
-from producer.settings import ProducerSettings, RedisSettings
+from producer.settings import ProducerSettings
+from schemas.connection import RedisSettings
 
 __all__ = [
     "Producer",
@@ -22,6 +24,7 @@ __all__ = [
     "JobResult",
     "InferqError",
     "QueueFull",
+    "QueueUnavailable",
     "RateLimited",
     "JobFailed",
     "JobNotFound",

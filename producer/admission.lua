@@ -1,11 +1,24 @@
 -- inferq admission: one atomic step per submit.
--- KEYS: 1 jobs stream, 2 reply stream, 3 job info hash, 4 idempotency key, 5 rate bucket
--- ARGV: 1 job id, 2 job JSON, 3 max backlog (0 = none), 4 ttl (s) of reply/info/cancel while waiting,
---       5 queued event data, 6 idempotency ttl (s), 7 rate (jobs/s, 0 = off), 8 burst,
---       9 model, 10 tenant, 11 created_at, 12 reply maxlen, 13 use idempotency ("1"/"0"), 14 deadline
+-- KEYS: 1 jobs stream, 2 reply stream, 3 job info hash, 4 idempotency key, 5 rate bucket, 6 cancel flag
+-- ARGV: 1 job id, 2 max backlog (0 = none), 3 ttl (s) of reply/info while waiting, 4 idempotency ttl (s),
+--       5 rate (jobs/s, 0 = off), 6 burst, 7 reply maxlen, 8 use idempotency ("1"/"0"),
+--       9 name of the info field that gets the job's entry id,
+--       10 reset ("1": a re-admission, e.g. from the DLQ: the job's old reply stream, record and
+--          cancel flag are deleted here, after every check passed, so a refusal loses nothing),
+--       then three field lists, each as a count followed by field/value pairs, written exactly as
+--       given (their names come from schemas): the job entry, the queued event, the job info hash.
 -- Returns {"ok", entry id, depth} | {"dup", existing job id} | {"full", depth} | {"rate", retry after s}
 
-if ARGV[13] == "1" then
+local function fields(at)
+  local n = tonumber(ARGV[at])
+  local out = {}
+  for i = 1, n do
+    out[i] = ARGV[at + i]
+  end
+  return out, at + n + 1
+end
+
+if ARGV[8] == "1" then
   local existing = redis.call("GET", KEYS[4])
   if existing then
     return {"dup", existing}
@@ -13,14 +26,14 @@ if ARGV[13] == "1" then
 end
 
 local depth = redis.call("XLEN", KEYS[1])
-local max_backlog = tonumber(ARGV[3])
+local max_backlog = tonumber(ARGV[2])
 if max_backlog > 0 and depth >= max_backlog then
   return {"full", tostring(depth)}
 end
 
-local rate = tonumber(ARGV[7])
+local rate = tonumber(ARGV[5])
 if rate > 0 then
-  local burst = math.max(tonumber(ARGV[8]), 1)
+  local burst = math.max(tonumber(ARGV[6]), 1)
   local t = redis.call("TIME")
   local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
   local state = redis.call("HMGET", KEYS[5], "tokens", "ts")
@@ -34,14 +47,21 @@ if rate > 0 then
   redis.call("EXPIRE", KEYS[5], math.ceil(burst / rate) + 60)
 end
 
-local ttl = tonumber(ARGV[4])
-local entry = redis.call("XADD", KEYS[1], "*", "job", ARGV[2])
-redis.call("HSET", KEYS[3], "status", "queued", "model", ARGV[9], "tenant", ARGV[10],
-  "attempt", "0", "created_at", ARGV[11], "entry_id", entry, "deadline", ARGV[14])
+if ARGV[10] == "1" then
+  redis.call("DEL", KEYS[2], KEYS[3], KEYS[6])
+end
+
+local job_fields, next_at = fields(11)
+local event_fields, info_at = fields(next_at)
+local info_fields = fields(info_at)
+
+local ttl = tonumber(ARGV[3])
+local entry = redis.call("XADD", KEYS[1], "*", unpack(job_fields))
+redis.call("HSET", KEYS[3], ARGV[9], entry, unpack(info_fields))
 redis.call("EXPIRE", KEYS[3], ttl)
-redis.call("XADD", KEYS[2], "MAXLEN", "~", ARGV[12], "*", "type", "queued", "data", ARGV[5])
+redis.call("XADD", KEYS[2], "MAXLEN", "~", ARGV[7], "*", unpack(event_fields))
 redis.call("EXPIRE", KEYS[2], ttl)
-if ARGV[13] == "1" then
-  redis.call("SET", KEYS[4], ARGV[1], "EX", tonumber(ARGV[6]))
+if ARGV[8] == "1" then
+  redis.call("SET", KEYS[4], ARGV[1], "EX", tonumber(ARGV[4]))
 end
 return {"ok", entry, tostring(depth + 1)}

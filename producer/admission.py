@@ -6,10 +6,13 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Optional
 
-from schemas import QueuedEvent, encode_event, keys
+from schemas import QueuedEvent, encode_event, keys, records
 from schemas.job import Job
+from schemas.text import as_str
 
-from producer.errors import QueueFull, RateLimited
+import redis.exceptions
+
+from producer.errors import QueueFull, QueueUnavailable, RateLimited
 from producer.settings import ProducerSettings
 
 ADMISSION_LUA = resources.files("producer").joinpath("admission.lua").read_text(encoding="utf-8")
@@ -21,6 +24,8 @@ class Admitted:
     entry_id: Optional[str]  # None when an idempotency key matched an earlier job
     depth: Optional[int]
     duplicate: bool
+    # For a duplicate: the earlier job's current status (queued, running, done, ...).
+    status: str = records.QUEUED
 
 
 def script_keys(job: Job, idempotency_key: Optional[str]) -> list[str]:
@@ -29,47 +34,114 @@ def script_keys(job: Job, idempotency_key: Optional[str]) -> list[str]:
         keys.jobs(job.model),
         keys.reply(job.id),
         keys.job_info(job.id),
-        # Scoped by tenant: one tenant's key must never return another tenant's job.
-        keys.idempotency(job.model, f"tenant={job.tenant}/{idempotency_key}" if idempotency_key and job.tenant
-                         else idempotency_key or "-"),
+        idempotency_key_name(job, idempotency_key),
         keys.rate(job.tenant or "-"),
+        keys.cancel(job.id),
     ]
 
 
-def script_args(job: Job, idempotency_key: Optional[str], s: ProducerSettings) -> list:
-    queued = encode_event(QueuedEvent(attempt=0, seq=0, model=job.model))["data"]
+def idempotency_key_name(job: Job, key: Optional[str]) -> str:
+    """Scoped by tenant, encoded so no (tenant, key) pair can spell another's:
+    the tenant's length is part of the name, and callers without a tenant have
+    their own prefix (an unrestricted "t5:acme:x" is not tenant acme's "x")."""
+    if not key:
+        return keys.idempotency(job.model, "-")
+    scope = f"t{len(job.tenant)}:{job.tenant}:" if job.tenant else "u:"
+    return keys.idempotency(job.model, scope + key)
+
+
+def _counted(fields: dict) -> list:
+    flat = [x for kv in fields.items() for x in kv]
+    return [len(flat), *flat]
+
+
+def script_args(job: Job, idempotency_key: Optional[str], s: ProducerSettings, reset: bool = False) -> list:
+    queued = encode_event(QueuedEvent(attempt=0, seq=0, model=job.model))
+    info = records.info_queued(job.model, job.tenant, job.created_at, job.deadline)
     rate = s.rate_limit if job.tenant else 0.0
     return [
         job.id,
-        job.model_dump_json(exclude_none=True),
         s.max_backlog,
-        s.reply_ttl,
-        queued,
+        s.live_ttl,
         s.idempotency_ttl,
         repr(float(rate)),
         s.rate_burst or max(1, int(rate)),
-        job.model,
-        job.tenant or "",
-        repr(job.created_at),
         s.reply_maxlen,
         "1" if idempotency_key else "0",
-        "" if job.deadline is None else repr(job.deadline),
+        records.ENTRY_ID,
+        "1" if reset else "0",
+        *_counted(job.to_fields()),
+        *_counted(queued),
+        *_counted(info),
     ]
 
 
-def _s(v) -> str:
-    return v.decode("utf-8") if isinstance(v, bytes) else str(v)
+# Redis up but not writing (OOM under noeviction, a read-only replica): the job
+# was not enqueued, which the caller hears as a full queue, not as a crash.
+REFUSING_WRITES = (redis.exceptions.OutOfMemoryError, redis.exceptions.ReadOnlyError)
+
+
+def refused(job: Job, e: Exception) -> QueueUnavailable:
+    return QueueUnavailable(job.model, "out of memory" if isinstance(e, redis.exceptions.OutOfMemoryError)
+                            else "read-only replica")
+
+
+# Forget an idempotency key only while it still names the job we found gone.
+_FORGET_KEY = """
+if redis.call("GET", KEYS[1]) == ARGV[1] then
+  return redis.call("DEL", KEYS[1])
+end
+return 0
+"""
+
+
+def admit(r, script, job: Job, idempotency_key: Optional[str], s: ProducerSettings, reset: bool = False) -> Admitted:
+    """Admission as every producer runs it (sync): the script, then for a
+    duplicate the earlier job's real status. A key that outlived its job's
+    records (they expired) is forgotten and the job admitted anew."""
+    for _ in range(2):
+        try:
+            adm = interpret(script(keys=script_keys(job, idempotency_key),
+                                   args=script_args(job, idempotency_key, s, reset)), job, s)
+        except REFUSING_WRITES as e:
+            raise refused(job, e) from None
+        if not adm.duplicate:
+            return adm
+        status = r.hget(keys.job_info(adm.job_id), records.STATUS)
+        if status is not None:
+            adm.status = as_str(status)
+            return adm
+        r.eval(_FORGET_KEY, 1, idempotency_key_name(job, idempotency_key), adm.job_id)
+    return adm
+
+
+async def aadmit(r, script, job: Job, idempotency_key: Optional[str], s: ProducerSettings) -> Admitted:
+    """Async twin of ``admit`` (redis.asyncio client and script)."""
+    for _ in range(2):
+        try:
+            adm = interpret(await script(keys=script_keys(job, idempotency_key),
+                                         args=script_args(job, idempotency_key, s)), job, s)
+        except REFUSING_WRITES as e:
+            raise refused(job, e) from None
+        if not adm.duplicate:
+            return adm
+        status = await r.hget(keys.job_info(adm.job_id), records.STATUS)
+        if status is not None:
+            adm.status = as_str(status)
+            return adm
+        await r.eval(_FORGET_KEY, 1, idempotency_key_name(job, idempotency_key), adm.job_id)
+    return adm
 
 
 def interpret(reply: list, job: Job, s: ProducerSettings) -> Admitted:
     """Turn the script's reply into an Admitted or the matching error."""
-    status = _s(reply[0])
+    status = as_str(reply[0])
     if status == "ok":
-        return Admitted(job.id, _s(reply[1]), int(_s(reply[2])), duplicate=False)
+        return Admitted(job.id, as_str(reply[1]), int(as_str(reply[2])), duplicate=False)
     if status == "dup":
-        return Admitted(_s(reply[1]), None, None, duplicate=True)
+        return Admitted(as_str(reply[1]), None, None, duplicate=True)
     if status == "full":
-        raise QueueFull(job.model, int(_s(reply[1])), s.max_backlog)
+        raise QueueFull(job.model, int(as_str(reply[1])), s.max_backlog)
     if status == "rate":
-        raise RateLimited(job.tenant or "", float(_s(reply[1])))
+        raise RateLimited(job.tenant or "", float(as_str(reply[1])))
     raise RuntimeError(f"unexpected admission reply: {reply!r}")

@@ -9,30 +9,18 @@
 """
 from __future__ import annotations
 
-import asyncio
 import time
 from typing import Any, AsyncIterator, Optional
 
-import redis
+from schemas import keys, transitions
+from schemas.follower import afollow
+from schemas.text import as_str
 
-from schemas import decode_event, keys
-from schemas.events import TERMINAL_TYPES
-
-from producer.admission import ADMISSION_LUA, Admitted, interpret, script_args, script_keys
-from producer.client import (
-    FINAL_STATUSES,
-    JobResult,
-    ReplyFilter,
-    ResultBuilder,
-    TextFollower,
-    _str,
-    build_job,
-    clamp_block_ms,
-    parse_status,
-    resolve_settings,
-)
+from producer.admission import ADMISSION_LUA, aadmit
+from producer.client import JobResult, ResultBuilder, TextFollower, build_job, follow_plan, parse_status, resolve_settings
 from producer.errors import JobNotFound
-from producer.settings import ProducerSettings, async_client
+from producer.settings import ProducerSettings
+from schemas.connection import async_client
 
 
 class AsyncJobHandle:
@@ -54,43 +42,9 @@ class AsyncJobHandle:
         """Async twin of JobHandle.stream: ``(entry_id, event)`` until done/error."""
         if not await self._exists():
             raise JobNotFound(self.id)
-        r = self._p.redis
-        key = keys.reply(self.id)
-        block_ms = clamp_block_ms(block_ms, self._p.settings.socket_timeout)
-        end = None if timeout is None else time.monotonic() + timeout
-        filt = ReplyFilter()
-        down_since = None
-        while True:
-            wait = block_ms
-            if end is not None:
-                left = end - time.monotonic()
-                if left <= 0:
-                    raise TimeoutError(f"job {self.id} did not finish within {timeout}s")
-                wait = max(1, min(block_ms, int(left * 1000)))
-            try:
-                resp = await r.xread({key: last_id}, count=512, block=wait)
-                down_since = None
-            except (redis.ConnectionError, redis.TimeoutError):
-                # Redis restarting or a network blip: resume from the last seen id.
-                now = time.monotonic()
-                down_since = down_since or now
-                if now - down_since > self._p.settings.reconnect_timeout:
-                    raise
-                delay = min(2.0, 0.1 * 2 ** min(int(now - down_since), 4))
-                await asyncio.sleep(delay)
-                continue
-            if not resp:
-                if not await r.exists(key):
-                    raise JobNotFound(self.id)
-                continue
-            for entry_id, fields in resp[0][1]:
-                last_id = _str(entry_id)
-                ev = decode_event(fields)
-                accepted = filt.accept(ev)
-                if accepted or raw:
-                    yield last_id, ev
-                if accepted and ev.type in TERMINAL_TYPES:
-                    return
+        plan = follow_plan(self._p.settings, self.id, block_ms, timeout, raw)
+        async for item in afollow(self._p.redis, keys.reply(self.id), plan, last_id):
+            yield item
 
     async def text(self, timeout: Optional[float] = None, on_restart: str = "follow") -> AsyncIterator[str]:
         follower = TextFollower(self.id, on_restart)
@@ -110,11 +64,7 @@ class AsyncJobHandle:
     async def cancel(self) -> bool:
         if not await self._exists():
             raise JobNotFound(self.id)
-        pipe = self._p.redis.pipeline(transaction=False)
-        pipe.set(keys.cancel(self.id), "1", ex=self._p.settings.reply_ttl)
-        pipe.hget(keys.job_info(self.id), "status")
-        _, status = await pipe.execute()
-        return status is None or _str(status) not in FINAL_STATUSES
+        return bool(await transitions.request_cancel(self._p.redis, job_id=self.id, ttl=self._p.settings.live_ttl))
 
     async def status(self) -> dict:
         pipe = self._p.redis.pipeline(transaction=False)
@@ -133,13 +83,13 @@ class AsyncProducer:
         *,
         default_model: Optional[str] = None,
         max_backlog: Optional[int] = None,
-        reply_ttl: Optional[int] = None,
+        live_ttl: Optional[int] = None,
         settings: Optional[ProducerSettings] = None,
         redis_client=None,
         **overrides: Any,
     ):
         self.settings = resolve_settings(settings, redis_url=redis_url, default_model=default_model,
-                                         max_backlog=max_backlog, reply_ttl=reply_ttl, **overrides)
+                                         max_backlog=max_backlog, live_ttl=live_ttl, **overrides)
         self.redis = redis_client if redis_client is not None else async_client(self.settings)
         self._admit = self.redis.register_script(ADMISSION_LUA)
 
@@ -149,8 +99,7 @@ class AsyncProducer:
 
     async def submit(self, prompt: Optional[str] = None, *, idempotency_key: Optional[str] = None, **kw: Any) -> AsyncJobHandle:
         job = build_job(self.default_model, prompt, idempotency_key=idempotency_key, **kw)
-        reply = await self._admit(keys=script_keys(job, idempotency_key), args=script_args(job, idempotency_key, self.settings))
-        adm: Admitted = interpret(reply, job, self.settings)
+        adm = await aadmit(self.redis, self._admit, job, idempotency_key, self.settings)
         return AsyncJobHandle(self, adm.job_id, entry_id=adm.entry_id, duplicate=adm.duplicate)
 
     def job(self, job_id: str) -> AsyncJobHandle:
@@ -163,7 +112,7 @@ class AsyncProducer:
         now = time.time()
         since = now - self.settings.worker_stale_seconds
         rows = await self.redis.zrangebyscore(keys.workers(model or self.default_model), since, "+inf", withscores=True)
-        return {_str(w): round(now - score, 3) for w, score in rows}
+        return {as_str(w): round(now - score, 3) for w, score in rows}
 
     async def ping(self) -> bool:
         return bool(await self.redis.ping())

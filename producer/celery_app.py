@@ -10,40 +10,36 @@ submit jobs to the GPU workers through the queue and wait for replies.
 """
 from __future__ import annotations
 
-import os
 import ssl
-from urllib.parse import quote, urlparse, urlunparse
+from typing import Optional
+from urllib.parse import urlparse
 
 from celery import Celery
+from pydantic import Field
 
 from producer.settings import ProducerSettings
 
 
-def _with_credentials(url: str, s: ProducerSettings) -> str:
-    """Put INFERQ_REDIS_USERNAME/PASSWORD into the URL (Celery reads only the URL)."""
-    u = urlparse(url)
-    if s.redis_password is None or u.password:
-        return url
-    user = quote(s.redis_username or "", safe="")
-    pw = quote(s.redis_password.get_secret_value(), safe="")
-    host = u.hostname or "localhost"
-    netloc = f"{user}:{pw}@{host}" + (f":{u.port}" if u.port else "")
-    return urlunparse(u._replace(netloc=netloc))
+class CelerySettings(ProducerSettings):
+    """The Celery app's own knobs (INFERQ_CELERY_*, INFERQ_MAINTENANCE_INTERVAL)
+    on top of the producer settings every Celery task uses."""
+
+    celery_broker_url: Optional[str] = Field(None, description="Broker URL (default: the inferq Redis).")
+    celery_result_backend: Optional[str] = Field(None, description="Result backend (default: the broker).")
+    # Longer than any generation we wait for, or Redis redelivers a task that is still running.
+    celery_visibility_timeout: int = Field(3600, ge=1)
+    celery_result_expires: int = Field(86_400, ge=1)
+    celery_queue: str = "inferq"
+    maintenance_interval: float = Field(30.0, gt=0.0, description="Seconds between beat maintenance runs.")
 
 
 def _ssl_options(s: ProducerSettings) -> dict:
-    opts = {"ssl_cert_reqs": ssl.CERT_NONE if s.redis_tls_insecure else ssl.CERT_REQUIRED}
-    if s.redis_tls_ca_certs:
-        opts["ssl_ca_certs"] = s.redis_tls_ca_certs
-    if s.redis_tls_certfile:
-        opts["ssl_certfile"] = s.redis_tls_certfile
-    if s.redis_tls_keyfile:
-        opts["ssl_keyfile"] = s.redis_tls_keyfile
-    return opts
+    # Celery wants ssl's constants where redis-py takes strings; the files are shared.
+    return {"ssl_cert_reqs": ssl.CERT_NONE if s.redis_tls_insecure else ssl.CERT_REQUIRED, **s.tls_files()}
 
 
-def beat_schedule() -> dict:
-    every = float(os.environ.get("INFERQ_MAINTENANCE_INTERVAL", "30"))
+def beat_schedule(s: Optional[CelerySettings] = None) -> dict:
+    every = (s or CelerySettings()).maintenance_interval
     return {
         "inferq-reclaim-and-dead-letter": {"task": "inferq.maintain_queues", "schedule": every},
         "inferq-expire-replies": {"task": "inferq.expire_replies", "schedule": every * 4},
@@ -52,9 +48,9 @@ def beat_schedule() -> dict:
 
 
 def make_celery() -> Celery:
-    s = ProducerSettings()
-    broker = os.environ.get("INFERQ_CELERY_BROKER_URL") or _with_credentials(s.redis_url, s)
-    backend = os.environ.get("INFERQ_CELERY_RESULT_BACKEND") or broker
+    s = CelerySettings()
+    broker = s.celery_broker_url or s.url_with_credentials()
+    backend = s.celery_result_backend or broker
     app = Celery("inferq", broker=broker, backend=backend, include=["producer.celery_tasks"])
     app.conf.update(
         task_serializer="json", result_serializer="json", accept_content=["json"],
@@ -63,14 +59,12 @@ def make_celery() -> Celery:
         task_acks_late=True,
         task_reject_on_worker_lost=True,
         worker_prefetch_multiplier=1,
-        # Longer than any generation we wait for, or Redis redelivers a task
-        # that is still running.
-        broker_transport_options={"visibility_timeout": int(os.environ.get("INFERQ_CELERY_VISIBILITY_TIMEOUT", "3600"))},
+        broker_transport_options={"visibility_timeout": s.celery_visibility_timeout},
         broker_connection_retry_on_startup=True,
-        result_expires=int(os.environ.get("INFERQ_CELERY_RESULT_EXPIRES", "86400")),
+        result_expires=s.celery_result_expires,
         result_extended=True,
-        task_default_queue=os.environ.get("INFERQ_CELERY_QUEUE", "inferq"),
-        beat_schedule=beat_schedule(),
+        task_default_queue=s.celery_queue,
+        beat_schedule=beat_schedule(s),
         timezone="UTC",
     )
     if urlparse(broker).scheme == "rediss":

@@ -13,20 +13,21 @@ from __future__ import annotations
 
 import re
 import time
-from dataclasses import dataclass, field
+import warnings
+from dataclasses import dataclass
 from typing import Any, Iterator, Optional, Union
 
-import redis
-
-from schemas import SamplingParams, Timings, Usage, decode_event, keys
-from schemas.events import TERMINAL_TYPES
+from schemas import SamplingParams, Timings, Usage, keys, records, transitions
+from schemas.fold import Assembly
+from schemas.follower import Follow, follow
 from schemas.job import ChatMessage, Job
+from schemas.text import as_str
 
-from producer.admission import ADMISSION_LUA, Admitted, interpret, script_args, script_keys
+from producer.admission import ADMISSION_LUA, admit
 from producer.errors import JobFailed, JobNotFound, JobRestarted
-from producer.settings import ProducerSettings, sync_client
+from producer.settings import ProducerSettings
+from schemas.connection import sync_client
 
-FINAL_STATUSES = frozenset({"done", "error", "cancelled"})
 _IDEM_RE = re.compile(r"^[\x21-\x7e]{1,200}$")  # printable ASCII, no spaces
 
 
@@ -40,6 +41,9 @@ class JobResult:
     timings: Timings
     logprobs: Optional[list[dict[int, float]]] = None
     attempt: int = 1
+    # With sampling.prompt_logprobs: the prompt's ids and one entry per prompt token (None first).
+    prompt_token_ids: Optional[list[int]] = None
+    prompt_logprobs: Optional[list[Optional[dict[int, float]]]] = None
 
 
 # --- pure helpers shared with the async client ------------------------------------
@@ -88,119 +92,81 @@ def build_job(
     )
 
 
-class ReplyFilter:
-    """Drops entries of superseded attempts and repeated (attempt, seq) pairs,
-    which a retried publish or a worker that lost its lease may leave behind."""
-
-    def __init__(self) -> None:
-        self.attempt = 0
-        self.last_seq = -1
-
-    def accept(self, ev) -> bool:
-        if ev.attempt < self.attempt:
-            return False
-        if ev.attempt > self.attempt:
-            self.attempt, self.last_seq = ev.attempt, ev.seq
-            return True
-        if ev.seq <= self.last_seq:
-            return False
-        self.last_seq = ev.seq
-        return True
-
-
 class ResultBuilder:
-    """Collects accepted events into a JobResult; a new attempt starts over."""
+    """Folds accepted events into a JobResult (a new attempt starts over);
+    JobFailed on an accepted ``error``."""
 
     def __init__(self, job_id: str) -> None:
         self.job_id = job_id
-        self._reset(0)
-
-    def _reset(self, attempt: int) -> None:
-        self.attempt = attempt
-        self.parts: list[str] = []
-        self.token_ids: list[int] = []
-        self.logprobs: Optional[list] = None
+        self.fold = Assembly()
 
     def feed(self, ev) -> Optional[JobResult]:
-        if ev.attempt > self.attempt or ev.type == "restarted":
-            self._reset(ev.attempt)
-        if ev.type == "delta":
-            self.parts.append(ev.text)
-            self.token_ids.extend(ev.token_ids)
-            if ev.logprobs is not None:
-                self.logprobs = (self.logprobs or []) + list(ev.logprobs)
-        elif ev.type == "done":
-            return JobResult(
-                job_id=self.job_id,
-                text="".join(self.parts),
-                token_ids=self.token_ids,
-                finish_reason=ev.finish_reason,
-                usage=ev.usage,
-                timings=ev.timings,
-                logprobs=self.logprobs,
-                attempt=ev.attempt,
-            )
-        elif ev.type == "error":
-            raise JobFailed(self.job_id, ev.code, ev.message)
-        return None
+        asm = self.fold
+        asm.feed(ev)
+        if asm.error_code is not None:
+            raise JobFailed(self.job_id, asm.error_code, asm.error_message or "")
+        if asm.done is None:
+            return None
+        return JobResult(
+            job_id=self.job_id,
+            text=asm.text,
+            token_ids=asm.token_ids,
+            finish_reason=asm.done.finish_reason,
+            usage=asm.done.usage,
+            timings=asm.done.timings,
+            logprobs=asm.logprobs if asm.has_logprobs else None,
+            attempt=asm.done.attempt,
+            prompt_token_ids=asm.prompt_token_ids,
+            prompt_logprobs=asm.prompt_logprobs,
+        )
 
 
 class TextFollower:
-    """Text pieces for a reader that cannot take text back. A redelivered job
-    (new attempt) is followed silently while it reproduces what was already
-    shown (greedy or seeded jobs do); if it diverges, JobRestarted is raised."""
+    """Text pieces for a reader that cannot take text back, over the same fold.
+    A redelivered job (new attempt) is followed silently while it reproduces
+    what was already shown (greedy or seeded jobs do); if it diverges,
+    JobRestarted is raised."""
 
     def __init__(self, job_id: str, on_restart: str = "follow") -> None:
         if on_restart not in ("follow", "raise"):
             raise ValueError("on_restart must be 'follow' or 'raise'")
         self.job_id = job_id
         self.on_restart = on_restart
+        self.fold = Assembly()
         self.shown = ""
-        self.current = ""
-        self.attempt = 0
 
     def feed(self, ev) -> Optional[str]:
-        if ev.attempt > self.attempt or ev.type == "restarted":
-            if self.shown and self.on_restart == "raise":
-                raise JobRestarted(self.job_id, ev.attempt, self.shown)
-            self.attempt, self.current = ev.attempt, ""
-        if ev.type == "error":
-            raise JobFailed(self.job_id, ev.code, ev.message)
+        starts_over = ev.attempt > self.fold.attempt or ev.type == "restarted"
+        if starts_over and self.shown and self.on_restart == "raise":
+            raise JobRestarted(self.job_id, ev.attempt, self.shown)
+        self.fold.feed(ev)
+        if self.fold.error_code is not None:
+            raise JobFailed(self.job_id, self.fold.error_code, self.fold.error_message or "")
         if ev.type != "delta" or not ev.text:
             return None
-        self.current += ev.text
-        n = min(len(self.current), len(self.shown))
-        if self.current[:n] != self.shown[:n]:
+        current = self.fold.text
+        n = min(len(current), len(self.shown))
+        if current[:n] != self.shown[:n]:
             raise JobRestarted(self.job_id, ev.attempt, self.shown)
-        if len(self.current) <= len(self.shown):
+        if len(current) <= len(self.shown):
             return None
-        piece = self.current[len(self.shown):]
-        self.shown = self.current
+        piece = current[len(self.shown):]
+        self.shown = current
         return piece
 
 
 def parse_status(job_id: str, info: dict, cancel_requested: bool) -> dict:
-    def s(v):
-        return v.decode("utf-8") if isinstance(v, bytes) else v
-
-    d = {s(k): s(v) for k, v in info.items()}
-    out: dict[str, Any] = {"id": job_id}
-    for k, v in d.items():
-        if k in ("attempt", "prompt_tokens", "completion_tokens"):
-            out[k] = int(v or 0)
-        elif k in ("created_at", "started_at", "finished_at", "deadline"):
-            out[k] = float(v) if v else None
-        elif k == "tenant":
-            out[k] = v or None
-        else:
-            out[k] = v
-    out["cancel_requested"] = cancel_requested
-    return out
+    return {"id": job_id, **records.parse_info(info), "cancel_requested": cancel_requested}
 
 
 def resolve_settings(settings: Optional[ProducerSettings], **given: Any) -> ProducerSettings:
     """Explicit arguments win over ``settings``, which win over INFERQ_* env."""
     update = {k: v for k, v in given.items() if v is not None}
+    if "reply_ttl" in update:
+        # The producer's TTL was once called reply_ttl; it is how long a job's keys
+        # live while it waits or runs (live_ttl). reply_ttl is the after-done TTL.
+        warnings.warn("Producer(reply_ttl=...) is now Producer(live_ttl=...)", DeprecationWarning, stacklevel=3)
+        update.setdefault("live_ttl", update.pop("reply_ttl"))
     if settings is None:
         return ProducerSettings(**update)
     if not update:
@@ -213,8 +179,9 @@ def clamp_block_ms(block_ms: int, socket_timeout: float) -> int:
     return max(1, min(int(block_ms), int((socket_timeout - 1.0) * 1000)))
 
 
-def _str(v) -> str:
-    return v.decode("utf-8") if isinstance(v, bytes) else str(v)
+def follow_plan(settings: ProducerSettings, job_id: str, block_ms: int, timeout: Optional[float], raw: bool) -> Follow:
+    return Follow(job_id, block_ms=clamp_block_ms(block_ms, settings.socket_timeout), timeout=timeout,
+                  reconnect_timeout=settings.reconnect_timeout, raw=raw, missing=lambda: JobNotFound(job_id))
 
 
 # --- sync client ----------------------------------------------------------------------
@@ -245,43 +212,8 @@ class JobHandle:
         """
         if not self._exists():
             raise JobNotFound(self.id)
-        r = self._p.redis
-        key = keys.reply(self.id)
-        block_ms = clamp_block_ms(block_ms, self._p.settings.socket_timeout)
-        end = None if timeout is None else time.monotonic() + timeout
-        filt = ReplyFilter()
-        down_since = None
-        while True:
-            wait = block_ms
-            if end is not None:
-                left = end - time.monotonic()
-                if left <= 0:
-                    raise TimeoutError(f"job {self.id} did not finish within {timeout}s")
-                wait = max(1, min(block_ms, int(left * 1000)))
-            try:
-                resp = r.xread({key: last_id}, count=512, block=wait)
-                down_since = None
-            except (redis.ConnectionError, redis.TimeoutError):
-                # Redis restarting or a network blip: resume from the last seen id.
-                now = time.monotonic()
-                down_since = down_since or now
-                if now - down_since > self._p.settings.reconnect_timeout:
-                    raise
-                delay = min(2.0, 0.1 * 2 ** min(int(now - down_since), 4))
-                time.sleep(delay)
-                continue
-            if not resp:
-                if not r.exists(key):
-                    raise JobNotFound(self.id)
-                continue
-            for entry_id, fields in resp[0][1]:
-                last_id = _str(entry_id)
-                ev = decode_event(fields)
-                accepted = filt.accept(ev)
-                if accepted or raw:
-                    yield last_id, ev
-                if accepted and ev.type in TERMINAL_TYPES:
-                    return
+        yield from follow(self._p.redis, keys.reply(self.id), follow_plan(self._p.settings, self.id, block_ms, timeout, raw),
+                          last_id)
 
     def text(self, timeout: Optional[float] = None, on_restart: str = "follow") -> Iterator[str]:
         """Yield text pieces as they arrive (see TextFollower for restarts)."""
@@ -305,11 +237,7 @@ class JobHandle:
         r = self._p.redis
         if not self._exists():
             raise JobNotFound(self.id)
-        pipe = r.pipeline(transaction=False)
-        pipe.set(keys.cancel(self.id), "1", ex=self._p.settings.reply_ttl)
-        pipe.hget(keys.job_info(self.id), "status")
-        _, status = pipe.execute()
-        return status is None or _str(status) not in FINAL_STATUSES
+        return bool(transitions.request_cancel(r, job_id=self.id, ttl=self._p.settings.live_ttl))
 
     def status(self) -> dict:
         """queued | running | done | error | cancelled, plus attempt, model, tenant, ..."""
@@ -331,13 +259,13 @@ class Producer:
         *,
         default_model: Optional[str] = None,
         max_backlog: Optional[int] = None,
-        reply_ttl: Optional[int] = None,
+        live_ttl: Optional[int] = None,
         settings: Optional[ProducerSettings] = None,
         redis_client=None,
         **overrides: Any,
     ):
         self.settings = resolve_settings(settings, redis_url=redis_url, default_model=default_model,
-                                         max_backlog=max_backlog, reply_ttl=reply_ttl, **overrides)
+                                         max_backlog=max_backlog, live_ttl=live_ttl, **overrides)
         self.redis = redis_client if redis_client is not None else sync_client(self.settings)
         self._admit = self.redis.register_script(ADMISSION_LUA)
 
@@ -349,8 +277,7 @@ class Producer:
         """Validate and enqueue one job. Raises ValueError (pydantic ValidationError)
         for bad input, QueueFull when the backlog is at its bound, RateLimited."""
         job = build_job(self.default_model, prompt, idempotency_key=idempotency_key, **kw)
-        reply = self._admit(keys=script_keys(job, idempotency_key), args=script_args(job, idempotency_key, self.settings))
-        adm: Admitted = interpret(reply, job, self.settings)
+        adm = admit(self.redis, self._admit, job, idempotency_key, self.settings)
         return JobHandle(self, adm.job_id, entry_id=adm.entry_id, duplicate=adm.duplicate)
 
     def job(self, job_id: str) -> JobHandle:
@@ -365,7 +292,7 @@ class Producer:
         now = time.time()
         since = now - self.settings.worker_stale_seconds
         rows = self.redis.zrangebyscore(keys.workers(model or self.default_model), since, "+inf", withscores=True)
-        return {_str(w): round(now - score, 3) for w, score in rows}
+        return {as_str(w): round(now - score, 3) for w, score in rows}
 
     def ping(self) -> bool:
         return bool(self.redis.ping())

@@ -18,6 +18,19 @@ class QueueFull(InferqError):
         super().__init__(f"queue for model {model!r} is full: {depth} jobs waiting (max_backlog={max_backlog})")
 
 
+class QueueUnavailable(QueueFull):
+    """Redis answers but refuses writes (out of memory under noeviction, or a
+    read-only replica during a failover): nothing was enqueued; retry later."""
+
+    def __init__(self, model: str, cause: str):
+        self.model = model
+        self.depth = -1
+        self.max_backlog = -1
+        self.cause = cause
+        InferqError.__init__(self, f"queue for model {model!r} cannot take jobs right now: Redis refuses writes "
+                                   f"({cause}); retry later")
+
+
 class RateLimited(InferqError):
     """The tenant's token bucket is empty."""
 

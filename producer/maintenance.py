@@ -21,39 +21,24 @@ import time
 from typing import Optional
 
 from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from schemas import ErrorEvent, encode_event, keys
+from schemas import ErrorEvent, encode_event, keys, records, transitions
+from schemas.job import job_payload
+from schemas.policy import QueuePolicy
+from schemas.text import as_str
 from schemas.events import TERMINAL_TYPES
 from producer.queue_stats import all_stats, discover_models
 
 
-class MaintenanceSettings(BaseSettings):
-    """Same INFERQ_* names as the worker's settings, so one .env serves both."""
+class MaintenanceSettings(QueuePolicy):
+    """The queue policy the workers use, plus how long exported stats live."""
 
-    model_config = SettingsConfigDict(env_prefix="INFERQ_", extra="ignore")
-    lease_seconds: float = Field(10.0, gt=0)
-    max_deliveries: int = Field(5, ge=1)
-    reply_ttl: int = Field(3600, ge=1)
-    worker_stale_seconds: float = Field(15.0, gt=0)
     stats_ttl: int = Field(300, ge=1)
-
-    @property
-    def min_idle_ms(self) -> int:
-        return int(3 * self.lease_seconds * 1000)
-
-
-def _s(v) -> str:
-    return v.decode("utf-8") if isinstance(v, bytes) else str(v)
-
-
-def stats_key(model: str) -> str:
-    return f"{keys.PREFIX}:stats:{{{model}}}"
 
 
 def _live(r, model: str, stale_s: float) -> list[str]:
     cutoff = time.time() - stale_s
-    return [_s(w) for w in r.zrangebyscore(keys.workers(model), cutoff, "+inf")]
+    return [as_str(w) for w in r.zrangebyscore(keys.workers(model), cutoff, "+inf")]
 
 
 def _stale_entries(r, model: str, min_idle_ms: int, count: int = 1000) -> list[dict]:
@@ -70,7 +55,7 @@ def reclaim_stale(r, model: str, s: MaintenanceSettings) -> dict:
     moved = 0
     if live:
         orphaned = [row for row in _stale_entries(r, model, s.min_idle_ms)
-                    if _s(row["consumer"]) not in live and int(row["times_delivered"]) < s.max_deliveries]
+                    if as_str(row["consumer"]) not in live and int(row["times_delivered"]) < s.max_deliveries]
         for i, row in enumerate(orphaned):
             target = live[i % len(live)]
             r.xclaim(keys.jobs(model), keys.JOBS_GROUP, target, s.min_idle_ms, [row["message_id"]],
@@ -82,56 +67,66 @@ def reclaim_stale(r, model: str, s: MaintenanceSettings) -> dict:
     except Exception:
         consumers = []
     for c in consumers:
-        name = _s(c["name"])
+        name = as_str(c["name"])
         if name not in live and int(c.get("pending", 0)) == 0 and int(c.get("idle", 0)) > s.min_idle_ms:
             r.xgroup_delconsumer(keys.jobs(model), keys.JOBS_GROUP, name)
             removed += 1
     return {"moved": moved, "consumers_removed": removed, "live_workers": len(live)}
 
 
+# The consumer name housekeeping acts under: its state changes are fenced like a worker's.
+MAINTENANCE_CONSUMER = "inferq-maintenance"
+
+
 def dead_letter_exceeded(r, model: str, s: MaintenanceSettings) -> int:
+    """Entries delivered max_deliveries times whose worker went silent: claimed
+    (only while still idle, so a live owner keeps its job), given a new attempt
+    of their own so readers accept the error as final and no stale worker can
+    finish it, then error event + dead letter + ack, fenced like a worker's."""
     stream = keys.jobs(model)
     n = 0
     for row in _stale_entries(r, model, s.min_idle_ms):
         delivered = int(row["times_delivered"])
         if delivered < s.max_deliveries:
             continue
-        eid = _s(row["message_id"])
+        eid = as_str(row["message_id"])
+        if not r.xclaim(stream, keys.JOBS_GROUP, MAINTENANCE_CONSUMER, s.min_idle_ms, [eid], justid=True):
+            continue  # renewed or taken meanwhile: not abandoned after all
         found = r.xrange(stream, eid, eid)
-        raw = _s(found[0][1].get(b"job", found[0][1].get("job", ""))) if found else ""
+        raw = as_str(job_payload(found[0][1]) or "") if found else ""
         try:
             job_id = json.loads(raw).get("id", "") if raw else ""
-        except ValueError:
+        except (ValueError, AttributeError):
             job_id = ""
-        reason = f"delivered {delivered} times without finishing (max_deliveries={s.max_deliveries})"
-        pipe = r.pipeline(transaction=True)
-        pipe.xadd(keys.dlq(model), {"job": raw, "job_id": job_id, "entry_id": eid, "code": "max_deliveries",
-                                    "reason": reason, "attempts": str(delivered), "worker": "celery-beat",
-                                    "failed_at": repr(time.time())})
+        attempt = 0
         if job_id:
-            # A higher attempt than any worker used, so readers accept it as final.
-            ev = ErrorEvent(attempt=delivered + 1, seq=0, code="max_deliveries", message=reason)
-            pipe.xadd(keys.reply(job_id), encode_event(ev))
-            pipe.expire(keys.reply(job_id), s.reply_ttl)
-            pipe.hset(keys.job_info(job_id), mapping={"status": "error", "error_code": "max_deliveries",
-                                                      "error_message": reason, "finished_at": repr(time.time())})
-            pipe.expire(keys.job_info(job_id), s.reply_ttl)
-        pipe.xack(stream, keys.JOBS_GROUP, eid)
-        pipe.xdel(stream, eid)
-        pipe.execute()
-        n += 1
+            attempt, _ = transitions.claim_attempt(r, model=model, entry_id=eid, consumer=MAINTENANCE_CONSUMER,
+                                                   job_id=job_id, live_ttl=s.live_ttl)
+            if attempt < 0:
+                continue
+        reason = f"delivered {delivered} times without finishing (max_deliveries={s.max_deliveries})"
+        error = encode_event(ErrorEvent(attempt=max(attempt, 1), seq=0, code="max_deliveries", message=reason))
+        dead = records.DeadLetter(job=raw, job_id=job_id, entry_id=eid, code="max_deliveries", reason=reason,
+                                  attempts=delivered, worker=MAINTENANCE_CONSUMER, failed_at=time.time())
+        done = transitions.fail(r, model=model, entry_id=eid, consumer=MAINTENANCE_CONSUMER, attempt=attempt,
+                                job_id=job_id or None, error_data=error["data"],
+                                fields={**records.info_error("max_deliveries", reason),
+                                        "finished_at": repr(time.time())},
+                                dead=dead.redacted() if s.dlq_payload == "redact" else dead,
+                                dlq_maxlen=s.dlq_maxlen, ttl_after_done=s.reply_ttl, reply_maxlen=s.reply_maxlen)
+        n += int(done == transitions.DONE)
     return n
 
 
 def expire_finished_replies(r, s: MaintenanceSettings, scan_count: int = 500) -> int:
     n = 0
-    for key in r.scan_iter(match=f"{keys.PREFIX}:reply:*", count=scan_count):
+    for key in r.scan_iter(match=keys.pattern("reply"), count=scan_count):
         if r.ttl(key) != -1:
             continue  # already expiring (or gone)
         last = r.xrevrange(key, count=1)
-        if last and _s(last[0][1].get(b"type", last[0][1].get("type", ""))) in TERMINAL_TYPES:
+        if last and as_str(last[0][1].get(b"type", last[0][1].get("type", ""))) in TERMINAL_TYPES:
             r.expire(key, s.reply_ttl)
-            job_id = _s(key)[len(f"{keys.PREFIX}:reply:{{"):-1]
+            job_id = keys.tag_of(as_str(key))
             if r.ttl(keys.job_info(job_id)) == -1:
                 r.expire(keys.job_info(job_id), s.reply_ttl)
             n += 1
@@ -145,8 +140,8 @@ def export_stats(r, s: MaintenanceSettings, models: Optional[list[str]] = None) 
         flat = {"depth": st.depth, "waiting": st.waiting, "pending": st.pending, "dlq": st.dlq,
                 "workers_alive": st.workers_alive, "oldest_waiting_s": st.oldest_waiting_s or 0.0,
                 "updated_at": time.time()}
-        r.hset(stats_key(st.model), mapping=flat)
-        r.expire(stats_key(st.model), s.stats_ttl)
+        r.hset(keys.stats(st.model), mapping=flat)
+        r.expire(keys.stats(st.model), s.stats_ttl)
         out.append(d)
     return out
 

@@ -11,23 +11,14 @@ from dataclasses import asdict, dataclass, field
 from typing import Optional
 
 from schemas import keys
-
-
-def _s(v) -> str:
-    return v.decode("utf-8") if isinstance(v, bytes) else str(v)
-
-
-def model_of(key: str) -> Optional[str]:
-    """'inferq:jobs:{m}' -> 'm' (the model name sits inside the hash tag)."""
-    start, end = key.find("{"), key.rfind("}")
-    return key[start + 1:end] if 0 <= start < end else None
+from schemas.text import as_str
 
 
 def discover_models(r) -> list[str]:
     found: set[str] = set()
-    for pattern in (f"{keys.PREFIX}:jobs:*", f"{keys.PREFIX}:workers:*", f"{keys.PREFIX}:dlq:*"):
-        for key in r.scan_iter(match=pattern, count=500):
-            m = model_of(_s(key))
+    for kind in ("jobs", "workers", "dlq"):
+        for key in r.scan_iter(match=keys.pattern(kind), count=500):
+            m = keys.tag_of(as_str(key))
             if m:
                 found.add(m)
     return sorted(found)
@@ -65,7 +56,7 @@ def live_workers(r, model: str, stale_s: float, now: Optional[float] = None) -> 
     out = []
     for name, score in r.zrange(keys.workers(model), 0, -1, withscores=True):
         age = max(0.0, now - float(score))
-        out.append(WorkerInfo(_s(name), round(age, 3), age <= stale_s))
+        out.append(WorkerInfo(as_str(name), round(age, 3), age <= stale_s))
     return out
 
 
@@ -76,9 +67,9 @@ def model_stats(r, model: str, stale_s: float = 15.0) -> ModelQueueStats:
     if depth:
         try:
             for g in r.xinfo_groups(stream):
-                if _s(g.get("name", g.get(b"name", ""))) == keys.JOBS_GROUP:
+                if as_str(g.get("name", g.get(b"name", ""))) == keys.JOBS_GROUP:
                     pending = int(g.get("pending", 0))
-                    last_delivered = _s(g.get("last-delivered-id", "0-0"))
+                    last_delivered = as_str(g.get("last-delivered-id", "0-0"))
         except Exception as e:  # no group yet: no worker ever attached
             if "no such key" not in str(e).lower():
                 raise
@@ -87,7 +78,7 @@ def model_stats(r, model: str, stale_s: float = 15.0) -> ModelQueueStats:
     if waiting:
         nxt = r.xrange(stream, min=f"({last_delivered}", max="+", count=1)
         if nxt:
-            ms = int(_s(nxt[0][0]).split("-")[0])
+            ms = int(as_str(nxt[0][0]).split("-")[0])
             oldest = round(max(0.0, time.time() - ms / 1000.0), 3)
     return ModelQueueStats(
         model=model, depth=depth, waiting=waiting, pending=pending,

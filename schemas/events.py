@@ -6,9 +6,13 @@ what it collected for earlier attempts.
 """
 from __future__ import annotations
 
+import json
+
 from typing import Annotated, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+from schemas.text import as_str
 
 
 class _Event(BaseModel):
@@ -34,6 +38,10 @@ class DeltaEvent(_Event):
     token_ids: list[int] = Field(default_factory=list)
     # One entry per token: {"token_id": lp, ...} top-N plus the chosen token.
     logprobs: Optional[list[dict[int, float]]] = None
+    # Only on an attempt's first delta, when the job asked for prompt_logprobs: the
+    # prompt's token ids and one entry per prompt token (None for the first).
+    prompt_token_ids: Optional[list[int]] = None
+    prompt_logprobs: Optional[list[Optional[dict[int, float]]]] = None
 
 
 class RestartedEvent(_Event):
@@ -90,12 +98,7 @@ def encode_event(event: BaseModel) -> dict[str, str]:
 
 
 def decode_event(fields: dict) -> ReplyEvent:
-    def s(v):
-        return v.decode("utf-8") if isinstance(v, bytes) else v
-
-    f = {s(k): s(v) for k, v in fields.items()}
-    import json
-
+    f = {as_str(k): as_str(v) for k, v in fields.items()}
     body = json.loads(f.get("data", "{}"))
     body["type"] = f["type"]
     return _adapter.validate_python(body)

@@ -8,7 +8,7 @@ from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from schemas.sampling import SamplingParams
+from schemas.sampling import SamplingParams, require_utf8
 
 MAX_PROMPT_CHARS = 1_000_000
 MAX_METADATA_BYTES = 16_384
@@ -51,17 +51,27 @@ class Job(BaseModel):
             raise ValueError("prompt_token_ids must be non-negative")
         if len(json.dumps(self.metadata)) > MAX_METADATA_BYTES:
             raise ValueError(f"metadata must serialise to at most {MAX_METADATA_BYTES} bytes")
+        # pydantic refuses lone surrogates in str fields, not inside free-form metadata.
+        require_utf8(json.dumps(self.metadata, ensure_ascii=False), "metadata")
         return self
 
     # Redis stream entries are flat string maps: the job travels as one JSON field.
     def to_fields(self) -> dict[str, str]:
-        return {"job": self.model_dump_json(exclude_none=True)}
+        return {JOB_FIELD: self.model_dump_json(exclude_none=True)}
 
     @classmethod
     def from_fields(cls, fields: dict) -> "Job":
-        raw = fields.get("job") if "job" in fields else fields.get(b"job")
+        raw = job_payload(fields)
         if raw is None:
-            raise ValueError("stream entry has no 'job' field")
+            raise ValueError(f"stream entry has no '{JOB_FIELD}' field")
         if isinstance(raw, bytes):
-            raw = raw.decode("utf-8")
+            raw = raw.decode("utf-8")  # strict: invalid UTF-8 is the client's error
         return cls.model_validate_json(raw)
+
+
+JOB_FIELD = "job"
+
+
+def job_payload(fields: dict):
+    """The job's raw payload (bytes or str, exactly as stored) or None."""
+    return fields.get(JOB_FIELD) if JOB_FIELD in fields else fields.get(JOB_FIELD.encode())

@@ -1,13 +1,27 @@
 """Sampling parameters: the knobs of one generation, validated at the edge."""
 from __future__ import annotations
 
-from typing import Optional, Union
+from typing import Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+def require_utf8(text: str, what: str) -> None:
+    """Everything travels as UTF-8 (Redis, JSON): a lone surrogate such as
+    "\\ud800" is valid JSON but not encodable, so it is refused at the edge."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(f"{what} must be valid Unicode text (a lone surrogate cannot be encoded as UTF-8)") from None
+
 
 # Upper bound on top-N logprobs per token (vLLM's default max_logprobs is 20).
 MAX_LOGPROBS = 20
 MAX_N = 16
+# What ``logprobs`` report (vLLM V1's logprobs modes): the model's own distribution
+# (raw, the default) or the one the token was drawn from (processed: after
+# penalties, temperature, min-p, top-k, top-p), as logprobs or as logits.
+LOGPROBS_MODES = ("raw_logprobs", "raw_logits", "processed_logprobs", "processed_logits")
+LogprobsMode = Literal["raw_logprobs", "raw_logits", "processed_logprobs", "processed_logits"]
 
 
 class SamplingParams(BaseModel):
@@ -32,6 +46,10 @@ class SamplingParams(BaseModel):
     stop_token_ids: list[int] = Field(default_factory=list, max_length=64)
     ignore_eos: bool = False
     logprobs: Optional[int] = Field(None, ge=0, le=MAX_LOGPROBS, description="Top-N logprobs per token.")
+    logprobs_mode: LogprobsMode = Field("raw_logprobs", description="What logprobs report; see LOGPROBS_MODES.")
+    prompt_logprobs: Optional[int] = Field(
+        None, ge=0, le=MAX_LOGPROBS, description="Top-N logprobs per prompt token (the first has none)."
+    )
     n: int = Field(1, ge=1, le=MAX_N)
     skip_special_tokens: bool = True
 
@@ -52,6 +70,7 @@ class SamplingParams(BaseModel):
                 raise ValueError("stop strings must be non-empty")
             if len(s) > 256:
                 raise ValueError("stop strings must be at most 256 characters")
+            require_utf8(s, "stop strings")
         return v
 
     @field_validator("stop_token_ids")

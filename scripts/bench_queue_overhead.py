@@ -102,7 +102,7 @@ def publisher_throughput(redis_url, n_jobs, n_steps, coalesce, flush_steps):
     from gpuworker.logging import get_logger
     from gpuworker.metrics import WorkerMetrics
     from gpuworker.service.context import WorkerContext
-    from gpuworker.service.engine_loop import StepOutput
+    from gpuworker.service.messages import StepOutput
     from gpuworker.service.publisher import STOP, Publisher
     from gpuworker.service.state import InFlight, JobState
     from schemas.job import Job

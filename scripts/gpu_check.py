@@ -14,13 +14,12 @@ reason when missing (carry wheels as scripts/gpu_check.sh explains):
              with SmolLM2-135M shapes (Hq 9, Hkv 3, D 64, bf16, block 16):
              time, bytes moved, achieved GB/s next to the 4.8 TB/s floor; the
              torch backend on the same batch for comparison.
-3. engine    scripts/bench_offline.py (the engine issue's workload: 64 requests,
+3. engine    the offline benchmark, gpuworker/bench/offline.py (64 requests,
              prompts 16-512, outputs 16-256, ignore_eos) on SmolLM2-135M's
              architecture in bf16, the engine on its CUDA default (triton)
-             against HF transformers generate with static batches, same GPU;
-             an in-process version of the same comparison if that script is
-             missing or fails. Random weights: the real ones cannot be carried
-             to the GPU machine (see docs/kernels.md).
+             against HF transformers generate with static batches, same GPU.
+             Random weights: the real ones cannot be carried to the GPU
+             machine (see docs/kernels.md).
 4. pytest    tests/kernels compiled on the GPU (if pytest is installed).
 
 Prints one table at the end and writes it as JSON to --out (default: $OUT or .).
@@ -356,68 +355,8 @@ def smollm2_shaped_model(folder: Path, tokenizer: Path, small: bool) -> Path:
     return folder
 
 
-def workload(num_requests: int, seed: int, small: bool) -> list[tuple[list[int], int]]:
-    """The engine issue's mixed workload: prompts 16-512 tokens, outputs 16-256, random token ids."""
-    import random
-
-    rng = random.Random(seed)
-    lo_p, hi_p, lo_o, hi_o = (4, 24, 2, 6) if small else (16, 512, 16, 256)
-    return [
-        ([rng.randrange(100, 49000) for _ in range(rng.randint(lo_p, hi_p))], rng.randint(lo_o, hi_o))
-        for _ in range(num_requests)
-    ]
-
-
-def engine_tokens_per_s(model_dir: Path, work, small: bool) -> tuple[float, int, float]:
-    from gpuworker import LLM
-    from schemas import SamplingParams
-
-    llm = LLM(model=str(model_dir), attention_backend="triton", device=str(DEVICE),
-              dtype="float32" if small else "bfloat16")
-    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for _, n in work]
-    llm.generate([p for p, _ in work[:2]], params[:2])  # warm-up: Triton compiles, CUDA allocator
-    synchronize()
-    start = time.perf_counter()
-    outs = llm.generate([p for p, _ in work], params)
-    synchronize()
-    elapsed = time.perf_counter() - start
-    produced = sum(len(o.token_ids) for o in outs)
-    assert produced == sum(n for _, n in work), "engine produced the wrong number of tokens"
-    del llm
-    return produced / elapsed, produced, elapsed
-
-
-def hf_static_tokens_per_s(model_dir: Path, work, small: bool) -> tuple[float, int, float]:
-    """HF generate, one static left-padded batch; only the tokens each request asked for count."""
-    import transformers
-
-    dtype = torch.float32 if small else torch.bfloat16
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        model_dir, dtype=dtype, attn_implementation="sdpa").to(DEVICE).eval()
-    width = max(len(p) for p, _ in work)
-    ids = torch.full((len(work), width), 2, dtype=torch.long)
-    mask = torch.zeros((len(work), width), dtype=torch.long)
-    for i, (p, _) in enumerate(work):
-        ids[i, width - len(p):] = torch.tensor(p)
-        mask[i, width - len(p):] = 1
-    max_new = max(n for _, n in work)
-    kwargs = dict(do_sample=False, max_new_tokens=max_new, min_new_tokens=max_new, pad_token_id=2)
-    with torch.no_grad():
-        model.generate(input_ids=ids[:2].to(DEVICE), attention_mask=mask[:2].to(DEVICE),
-                       **{**kwargs, "max_new_tokens": 4, "min_new_tokens": 4})  # warm-up
-        synchronize()
-        start = time.perf_counter()
-        out = model.generate(input_ids=ids.to(DEVICE), attention_mask=mask.to(DEVICE), **kwargs)
-        synchronize()
-    elapsed = time.perf_counter() - start
-    assert out.shape[1] == width + max_new
-    useful = sum(n for _, n in work)
-    del model
-    return useful / elapsed, useful, elapsed
-
-
 def run_engine_benchmark(budget: Budget, out_dir: Path, tokenizer_arg: str | None) -> None:
-    """scripts/bench_offline.py on a SmolLM2-shaped bf16 model; an in-process fallback if it is missing or fails."""
+    """The offline benchmark (gpuworker/bench/offline.py) on a SmolLM2-shaped bf16 model."""
     missing = [m for m in ("transformers", "pydantic", "safetensors") if not _importable(m)]
     if missing:
         row("engine", "offline benchmark", "SKIPPED", f"missing packages {missing}; carry wheels (scripts/gpu_check.sh)")
@@ -433,36 +372,18 @@ def run_engine_benchmark(budget: Budget, out_dir: Path, tokenizer_arg: str | Non
 
     small = CPU_SMOKE
     model_dir = smollm2_shaped_model(Path(tempfile.mkdtemp(prefix="smollm2-shaped-")), tokenizer, small)
-    if run_bench_offline(budget, out_dir, model_dir, small):
-        return
-    work = workload(4 if small else 64, seed=0, small=small)
-    prompt_tokens = sum(len(p) for p, _ in work)
-    label = f"{len(work)} requests, {prompt_tokens} prompt / {sum(n for _, n in work)} output tokens"
-    ours, produced, t_ours = engine_tokens_per_s(model_dir, work, small)
-    dtype_name = "fp32 (smoke)" if small else "bf16"
-    row("engine", f"inferq triton {dtype_name}", f"{ours:.0f} tok/s", f"{label}; {t_ours:.1f}s (random SmolLM2-135M weights)")
-    if DEVICE.type == "cuda":
-        torch.cuda.empty_cache()
-    if budget.left() < 60:
-        row("engine", "HF generate (static batch)", "SKIPPED", "time budget")
-        return
-    hf, _, t_hf = hf_static_tokens_per_s(model_dir, work, small)
-    row("engine", f"HF generate static batch {dtype_name}", f"{hf:.0f} tok/s",
-        f"{t_hf:.1f}s, one padded batch to the longest output; inferq x{ours / hf:.2f}")
+    run_bench_offline(budget, out_dir, model_dir, small)
 
 
 def run_bench_offline(budget: Budget, out_dir: Path, model_dir: Path, small: bool) -> bool:
-    """The engine issue's benchmark script (engine vs HF generate static batches); True if it ran."""
-    bench = REPO / "scripts" / "bench_offline.py"
-    if not bench.exists():
-        row("engine", "scripts/bench_offline.py", "SKIPPED", "not in this checkout; using the in-process benchmark")
-        return False
-    timeout = int(budget.left() - 100)  # leave room for the fallback and pytest
+    """gpuworker.bench.offline (engine vs HF generate static batches) in a child
+    process, so a hang costs only its timeout; True if it ran."""
+    timeout = int(budget.left() - 60)  # leave room for pytest
     if timeout < 90:
-        row("engine", "scripts/bench_offline.py", "SKIPPED", "time budget")
+        row("engine", "offline benchmark", "SKIPPED", "time budget")
         return False
     cmd = [
-        sys.executable, str(bench), "--model", str(model_dir), "--device", str(DEVICE),
+        sys.executable, "-m", "gpuworker.bench.offline", "--model", str(model_dir), "--device", str(DEVICE),
         "--dtype", "float32" if small else "bfloat16", "--threads", "4", "--peers", "static",
         "--static-batch-size", "64", "--json", str(out_dir / "bench_offline.json"),
     ]
@@ -472,11 +393,11 @@ def run_bench_offline(budget: Budget, out_dir: Path, model_dir: Path, small: boo
     try:
         proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
-        row("engine", "scripts/bench_offline.py", "TIMEOUT", f"after {timeout}s; falling back to the in-process benchmark")
+        row("engine", "offline benchmark", "TIMEOUT", f"after {timeout}s")
         return False
     (out_dir / "bench_offline.log").write_text(proc.stdout + "\n--- stderr ---\n" + proc.stderr)
     if proc.returncode != 0:
-        row("engine", "scripts/bench_offline.py", "FAIL", f"rc {proc.returncode}: {proc.stderr.strip()[-600:]}")
+        row("engine", "offline benchmark", "FAIL", f"rc {proc.returncode}: {proc.stderr.strip()[-600:]}")
         return False
     for line in proc.stdout.strip().splitlines()[-10:]:
         row("engine", "bench_offline", "", line.strip())

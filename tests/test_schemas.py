@@ -71,3 +71,14 @@ def test_events_round_trip_through_stream_fields():
 def test_keys_share_hash_tags_per_job_and_model():
     assert keys.reply("j1").endswith("{j1}") and keys.cancel("j1").endswith("{j1}")
     assert "{m}" in keys.jobs("m") and "{m}" in keys.dlq("m")
+
+
+@pytest.mark.parametrize("fields", [
+    {"prompt": "a\ud800b"},
+    {"messages": [{"role": "user", "content": "\udfff"}]},
+    {"prompt": "ok", "sampling": {"stop": ["x\ud800"]}},
+    {"prompt": "ok", "metadata": {"k": "\ud800"}},
+])
+def test_lone_surrogates_are_refused_with_a_clear_message(fields):
+    with pytest.raises(ValueError, match="lone surrogate|unicode string"):
+        Job(model="m", **fields)

@@ -141,14 +141,6 @@ class BlockPool:
         block.block_hash = block_hash
         self.cached[block_hash] = block
 
-    def reset_prefix_cache(self) -> bool:
-        if self.num_free_blocks != self.num_blocks:
-            return False
-        for b in self.blocks:
-            b.block_hash = None
-        self.cached.clear()
-        return True
-
     def check_invariants(self, live_ref_counts: dict[int, int]) -> None:
         """free + referenced = total, and ref counts match the block tables."""
         free_ids = [b.block_id for b in self.free_queue]

@@ -1,34 +1,46 @@
 """Incremental detokenization with stop strings, one instance per request.
 
+Contract: the text handed out (all ``update`` pieces plus ``flush``) equals
+``tokenizer.decode(output_ids, skip_special_tokens=...)`` exactly, for every
+decoder family we serve: byte-level BPE (SmolLM2, Llama 3, Qwen), byte-fallback
+SentencePiece (Llama 2, Mistral, TinyLlama: ``<0xNN>`` byte tokens) and
+WordPiece-style decoders. Prompt tokens are not used as decoding context.
+
 Decoding: we decode a short window of recent output ids (``ids[prefix:]``) and
 remember how many of the window's characters were already shown. Each new token
-re-decodes only that window and shows the characters it adds. Characters at the
-end of the window that are U+FFFD are a multi-byte character cut between tokens:
-they are held until a later token completes them (or until ``flush``). Every
-``_WINDOW_MAX`` tokens, at a point where nothing is pending, the window restarts
-a few tokens back, so the cost per token stays a decode of a handful of tokens,
-never of the whole output. A
-decoder's start-of-text quirks (SentencePiece dropping a leading space) only
-touch the window's first characters, which have always been shown already: a
-restarted window always holds text, and special tokens that
-``skip_special_tokens`` removes never enter it.
+re-decodes only that window and shows the characters it adds. What is held back:
 
-Known limit (shared with vLLM's scheme): a byte-fallback decoder turns a whole
-run of byte tokens into U+FFFD when the run is invalid UTF-8, so an ASCII byte
-token followed by invalid bytes (garbage output) can differ from a full decode.
+* byte-level BPE: characters at the end of the window that are U+FFFD are a
+  multi-byte character cut between tokens; they wait for the rest of it.
+* byte fallback: the decoder settles a *run* of consecutive byte tokens only
+  when the run ends (valid UTF-8 -> its characters; otherwise one U+FFFD per
+  byte, for the whole run). So an open run (the last token is a byte token) is
+  held, and not even decoded, until a non-byte token (or ``flush``) closes it;
+  this is the only way the streamed text can equal a full decode when a run
+  turns out invalid. Everything before the run is shown.
 
-The text equals ``tokenizer.decode(output_ids, skip_special_tokens=...)``:
-prompt tokens are not used as decoding context.
+Every ``_WINDOW_MAX`` tokens, at a point where nothing is pending, the window
+restarts a few tokens back, so the cost per token stays a decode of a handful of
+tokens (amortized O(new tokens)), never of the whole output. A restart never
+begins at a byte token (that could cut a byte run, which the decoder would then
+turn into U+FFFD), and the restarted window must hold text: a decoder's
+start-of-text quirks (SentencePiece dropping a leading space, WordPiece keeping
+a leading ``##``) only touch the window's first characters, which have always
+been shown already. Special tokens that ``skip_special_tokens`` removes never
+enter the window (the decoder never sees them either).
 
 Stop strings: the request stops at the first stop string *completed* when the
 text is read left to right (on a tie, the one that starts first); this does not
 depend on how many tokens arrive per update. The text is cut before it and it is
 never shown. While streaming we hold back only the longest tail of the text that
 is still the start of some stop string (at most ``max(len(stop)) - 1``
-characters); it is released as soon as it cannot be.
+characters); it is released as soon as it cannot be. Stop strings are matched on
+settled text only, so a stop is never found in text a later token would change.
 """
 from __future__ import annotations
 
+import json
+import re
 import weakref
 from typing import Callable, Optional
 
@@ -66,13 +78,71 @@ def skipped_special_ids(tokenizer) -> frozenset[int]:
     return ids
 
 
-def make_decode_fn(tokenizer, skip_special_tokens: bool) -> Callable[[list[int]], str]:
-    """The cheapest call that decodes exactly like ``tokenizer.decode``."""
+_BYTE_TOKEN = re.compile(r"<0x[0-9A-Fa-f]{2}>")
+_BYTE_IDS: "weakref.WeakKeyDictionary[object, frozenset[int]]" = weakref.WeakKeyDictionary()
+
+
+def byte_fallback_ids(tokenizer) -> frozenset[int]:
+    """Ids of ``<0xNN>`` byte tokens when the decoder has a ByteFallback step
+    (SentencePiece-style); empty for every other decoder."""
+    try:
+        return _BYTE_IDS[tokenizer]
+    except (KeyError, TypeError):
+        pass
+    ids: frozenset[int] = frozenset()
     backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is not None and not getattr(tokenizer, "clean_up_tokenization_spaces", False):
+    decoder = getattr(backend, "decoder", None)
+    try:
+        state = json.loads(decoder.__getstate__()) if decoder is not None else None
+    except Exception:  # an exotic decoder we cannot inspect: treat as not byte fallback
+        state = None
+    if state is not None and '"ByteFallback"' in json.dumps(state):
+        vocab = backend.get_vocab(with_added_tokens=True)
+        ids = frozenset(i for t, i in vocab.items() if len(t) == 6 and _BYTE_TOKEN.fullmatch(t))
+    try:
+        _BYTE_IDS[tokenizer] = ids
+    except TypeError:
+        pass
+    return ids
+
+
+def make_decode_fn(tokenizer, skip_special_tokens: bool) -> Callable[[list[int]], str]:
+    """The cheapest call that decodes like ``tokenizer.decode`` *without* its
+    Python-level ``clean_up_tokenization_spaces`` pass (see ``cleanup_fn``)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
         # The Rust tokenizer directly: same text, without the Python wrapper's overhead.
         return lambda ids: backend.decode(ids, skip_special_tokens=skip_special_tokens)
-    return lambda ids: tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+    return lambda ids: tokenizer.decode(
+        ids, skip_special_tokens=skip_special_tokens, clean_up_tokenization_spaces=False
+    )
+
+
+def cleanup_fn(tokenizer) -> Optional[Callable[[str], str]]:
+    """transformers' ``clean_up_tokenization`` when ``tokenizer.decode`` applies it
+    (WordPiece-era tokenizers with ``clean_up_tokenization_spaces``), else None.
+
+    transformers skips it for BPE models unless forced; we follow the same rule.
+    """
+    if not getattr(tokenizer, "clean_up_tokenization_spaces", False):
+        return None
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if (
+        backend is not None
+        and type(backend.model).__name__ == "BPE"
+        and not getattr(tokenizer, "clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output", False)
+    ):
+        return None
+    fn = getattr(tokenizer, "clean_up_tokenization", None)
+    return fn if callable(fn) else None
+
+
+# transformers' clean_up_tokenization patterns: each begins with a space, which
+# its replacement deletes. A text that ends in a proper prefix of one of them
+# may still change; nothing else can.
+_CLEANUP_PATTERNS = (" .", " ?", " !", " ,", " ' ", " n't", " 'm", " 's", " 've", " 're")
+_CLEANUP_PREFIXES = frozenset(p[:k] for p in _CLEANUP_PATTERNS for k in range(1, len(p)))
+_CLEANUP_REACH = max(len(p) for p in _CLEANUP_PREFIXES)
 
 
 class IncrementalDetokenizer:
@@ -83,6 +153,12 @@ class IncrementalDetokenizer:
         # Skipped special tokens never enter the window (the decoder drops them
         # anyway), so a run of them cannot leave a window without text.
         self._skipped = skipped_special_ids(tokenizer) if params.skip_special_tokens else frozenset()
+        self._byte_ids = byte_fallback_ids(tokenizer)
+        # Python-level clean_up_tokenization (WordPiece-era tokenizers): applied
+        # to the decoded text as a stream, cut only where no pattern can straddle.
+        self._cleanup = cleanup_fn(tokenizer)
+        self._raw_pending = ""  # decoded text not yet cleaned (it may still start a pattern)
+        self._raw_ctx = ""  # the last _CLEANUP_REACH raw characters already cleaned
         self.stop_strings: list[str] = list(params.stop)
         self._max_stop = max((len(s) for s in self.stop_strings), default=0)
 
@@ -101,7 +177,9 @@ class IncrementalDetokenizer:
     # ----------------------------------------------------------------- public
     @property
     def output_text(self) -> str:
-        """All text so far (held-back characters included), stop string excluded."""
+        """All settled text so far, stop string excluded: what was shown plus a
+        held stop-string prefix (an open byte run or an unfinished character
+        joins once settled, or at ``flush``)."""
         if self._final is not None:
             return self._final
         if len(self._pieces) > 1:
@@ -116,6 +194,8 @@ class IncrementalDetokenizer:
         """Feed newly sampled ids; returns (text to show now, stop string hit or None)."""
         self._check_open()
         new_text = "".join(self._decode_token(t) for t in new_token_ids)
+        if self._cleanup is not None:
+            new_text = self._clean_stream(new_text, final=False)
         return self._take(new_text, final=False)
 
     def flush(self) -> str:
@@ -127,6 +207,8 @@ class IncrementalDetokenizer:
         self._check_open()
         self._flushed = True
         rest = self._decode(self._ids[self._prefix :])[self._window_shown :] if self._ids else ""
+        if self._cleanup is not None:
+            rest = self._clean_stream(rest, final=True)
         text, _ = self._take(rest, final=True)
         return text
 
@@ -135,22 +217,53 @@ class IncrementalDetokenizer:
         if token_id in self._skipped:
             return ""
         self._ids.append(token_id)
+        if token_id in self._byte_ids:
+            # A byte run is settled by the decoder only when it ends: hold it
+            # (not even decoded until then).
+            return ""
         window = self._decode(self._ids[self._prefix :])
         # Characters before a trailing run of U+FFFD can no longer change.
         ready = len(window.rstrip(REPLACEMENT_CHAR))
         new = window[self._window_shown : ready]
         self._window_shown = max(self._window_shown, ready)
-        if len(self._ids) - self._prefix >= _WINDOW_MAX and ready == len(window):
+        n = len(self._ids)
+        if n - self._prefix >= _WINDOW_MAX and ready == len(window):
             # Restart the window a few tokens back, but only while nothing in it
             # is pending: then every character of the new window (even U+FFFD
-            # from starting inside a character) has been shown already. The new
-            # window must hold some text, or a decoder that strips the start of
-            # the text (SentencePiece's leading space) would eat the next token's.
-            start = len(self._ids) - _WINDOW_KEEP
+            # from starting inside a byte-level character) has been shown
+            # already. Never start on a byte-fallback token (it may sit inside
+            # a byte run), and the new window must hold some text, or a decoder
+            # that strips the start of the text (SentencePiece's leading space)
+            # would eat the next token's.
+            start = n - _WINDOW_KEEP
+            while self._ids[start] in self._byte_ids:  # ids[-1] is not a byte token: this ends
+                start += 1
             text = self._decode(self._ids[start:])
             if text:
                 self._prefix, self._window_shown = start, len(text)
         return new
+
+    def _clean_stream(self, raw: str, final: bool) -> str:
+        """Cleaned text for ``raw``, exactly as a cleanup of the whole text would be.
+
+        The text is cut (and cleaned up to the cut) where it does not end in a
+        proper prefix of a pattern: then no pattern can cross the cut, in any of
+        the chained replacements (they only delete spaces, and deleting one
+        cannot form a new pattern prefix before the cut). What waits is at most
+        _CLEANUP_REACH characters (" n'", " 'v", " 'r", " '", " n", " ").
+        """
+        buf = self._raw_pending + raw
+        cut = len(buf)
+        if not final:
+            ctx = self._raw_ctx + buf
+            off = len(self._raw_ctx)
+            while cut > 0 and any(
+                ctx[max(0, off + cut - k) : off + cut] in _CLEANUP_PREFIXES for k in range(1, _CLEANUP_REACH + 1)
+            ):
+                cut -= 1
+        self._raw_ctx = (self._raw_ctx + buf[:cut])[-_CLEANUP_REACH:]
+        self._raw_pending = buf[cut:]
+        return self._cleanup(buf[:cut]) if cut else ""
 
     # ------------------------------------------------------------ stop strings
     def _take(self, new_text: str, final: bool) -> tuple[str, Optional[str]]:

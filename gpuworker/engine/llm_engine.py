@@ -160,10 +160,6 @@ class LLMEngine:
         if not sched:
             return deltas
         t1 = time.perf_counter()
-        now = time.time()
-        for s in sched.scheduled:
-            if s.request.first_scheduled_time is None:
-                s.request.first_scheduled_time = now
         sampled = self.runner.execute(sched, self.kv)
         t2 = time.perf_counter()
         for s in sched.scheduled:
@@ -186,20 +182,24 @@ class LLMEngine:
             return None
         req.append_output_token(token)
         self.num_generated_tokens += 1
-        if req.first_token_time is None:
-            req.first_token_time = time.time()
         lps = [logprobs] if req.params.logprobs is not None else None
         p = req.params
+        plp = None
+        if req.prompt_logprobs is not None and not req.prompt_logprobs_sent:
+            plp, req.prompt_logprobs_sent = req.prompt_logprobs, True
         # Stop tokens end the request without their text.
         if token in p.stop_token_ids:
-            return self._finish(req, "stop", [token], req.detokenizer.flush(), lps, stop_reason=token)
+            return self._finish(req, "stop", [token], req.detokenizer.flush(), lps, stop_reason=token, plp=plp)
         if not p.ignore_eos and token in self.eos_token_ids:
-            return self._finish(req, "stop", [token], req.detokenizer.flush(), lps)
+            return self._finish(req, "stop", [token], req.detokenizer.flush(), lps, plp=plp)
         text, stop_str = req.detokenizer.update([token])
         if stop_str is not None:
-            return self._finish(req, "stop", [token], text, lps, stop_reason=stop_str)
+            return self._finish(req, "stop", [token], text, lps, stop_reason=stop_str, plp=plp)
         if req.num_output_tokens >= p.max_tokens or req.num_tokens >= self.max_model_len:
-            return self._finish(req, "length", [token], text + req.detokenizer.flush(), lps)
+            text += req.detokenizer.flush()
+            if req.detokenizer.stop_hit is not None:  # a stop string in text that only settled now
+                return self._finish(req, "stop", [token], text, lps, stop_reason=req.detokenizer.stop_hit, plp=plp)
+            return self._finish(req, "length", [token], text, lps, plp=plp)
         return RequestDelta(
             request_id=req.request_id,
             new_token_ids=[token],
@@ -208,11 +208,11 @@ class LLMEngine:
             num_prompt_tokens=req.num_prompt_tokens,
             num_output_tokens=req.num_output_tokens,
             num_cached_tokens=max(req.num_cached_tokens, 0),
+            prompt_logprobs=plp,
         )
 
-    def _finish(self, req, reason, tokens, text, lps, stop_reason=None) -> RequestDelta:
+    def _finish(self, req, reason, tokens, text, lps, stop_reason=None, plp=None) -> RequestDelta:
         self.scheduler.finish(req, reason)
-        req.stop_reason = stop_reason
         self.requests.pop(req.request_id, None)
         self._with_deadline.discard(req.request_id)
         return RequestDelta(
@@ -226,6 +226,7 @@ class LLMEngine:
             num_output_tokens=req.num_output_tokens,
             num_cached_tokens=max(req.num_cached_tokens, 0),
             stop_reason=stop_reason,
+            prompt_logprobs=plp,
         )
 
     def _expire_deadlines(self) -> list[RequestDelta]:

@@ -29,6 +29,7 @@ import torch
 
 from gpuworker.attention.base import AttentionMetadata
 from gpuworker.engine.kv_cache_manager import KVCacheManager
+from gpuworker.engine.prompt_logprobs import collect_prompt_logprobs
 from gpuworker.engine.sampler import Sampler, SamplingRow, _is_plain_greedy
 from gpuworker.engine.scheduler import ScheduledRequest, SchedulerOutput
 
@@ -137,8 +138,9 @@ class ModelRunner:
     def build_metadata(self, sched: SchedulerOutput, kv: KVCacheManager):
         """One flattened varlen batch: every scheduled token of every request.
 
-        Returns (input ids, positions, metadata, sampling row indices or None,
-        query start offsets as a host array)."""
+        Returns (input ids, positions, metadata, hidden-row indices of the sampling
+        requests or None, their indices in the schedule, query start offsets as a
+        host array)."""
         bs = self.block_size
         scheduled = sched.scheduled
         b = len(scheduled)
@@ -208,19 +210,21 @@ class ModelRunner:
             seq_lens_cpu=seq_lens.tolist(),
             all_slots_valid=True,
         )
-        return moved[i0:i1], moved[p0:p1], meta, (moved[r0:r1] if ns else None), sampling
+        return moved[i0:i1], moved[p0:p1], meta, (moved[r0:r1] if ns else None), sampling, qsl
 
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput, kv: KVCacheManager) -> list[SampledToken]:
         times = self.last_times = StepTimes()
         syncs_before = self.num_device_syncs
         t0 = time.perf_counter()
-        ids, positions, meta, rows_idx, sampling = self.build_metadata(sched, kv)
+        ids, positions, meta, rows_idx, sampling, qsl = self.build_metadata(sched, kv)
         t1 = time.perf_counter()
         if self.graphs is not None and self.graphs.can_run(meta):
             hidden = self.graphs.run(ids, positions, meta)
         else:
             hidden = self.model(ids, positions, self.kv_caches, meta)
+        if any(s.request.prompt_logprobs is not None for s in sched.scheduled):
+            collect_prompt_logprobs(self.model, hidden, sched.scheduled, qsl.tolist())
         if rows_idx is None:
             times.prepare, times.forward = t1 - t0, time.perf_counter() - t1
             return []

@@ -26,6 +26,9 @@ class RequestDelta:
     num_cached_tokens: int = 0
     # Which stop string or token ended the request, if any.
     stop_reason: Optional[object] = None
+    # With the request's first delta, when it asked for prompt_logprobs: one entry
+    # per prompt token (None for the first), top-N plus the actual token.
+    prompt_logprobs: Optional[list[Optional[dict[int, float]]]] = None
 
 
 @dataclass
@@ -39,7 +42,9 @@ class CompletionOutput:
     finish_reason: Optional[str]
     logprobs: Optional[list[dict[int, float]]] = None
     num_cached_tokens: int = 0
-    metrics: dict = field(default_factory=dict)
+    prompt_logprobs: Optional[list[Optional[dict[int, float]]]] = None
+    # With n > 1: every sample of the prompt, this output first.
+    samples: list["CompletionOutput"] = field(default_factory=list, compare=False, repr=False)
 
 
 @dataclass

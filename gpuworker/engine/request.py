@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import enum
 import time
-from typing import Any, Optional
+from typing import Optional
 
 from schemas import SamplingParams
 
@@ -44,20 +44,21 @@ class Request:
 
         self.all_token_ids: list[int] = list(prompt_token_ids)
         self.output_token_ids: list[int] = []
-        self.output_logprobs: list[dict[int, float]] = []
+        # Prompt logprobs, filled in by prefill chunks (entry 0: None); sent with the first delta.
+        self.prompt_logprobs: Optional[list[Optional[dict[int, float]]]] = (
+            None if params.prompt_logprobs is None else [None]
+        )
+        self.prompt_logprobs_sent = False
         self.num_computed_tokens = 0
         self.num_cached_tokens = -1  # prefix-cache hit on first schedule; -1 = not yet scheduled
         self.num_preemptions = 0
         self.status = RequestStatus.WAITING
         self.finish_reason: Optional[str] = None
-        self.stop_reason: Any = None
         # Chain hashes of this request's full blocks, extended as blocks fill.
         self.block_hashes: list[bytes] = []
         # Filled in by the engine: per-request RNG and incremental detokenizer.
         self.generator = None
         self.detokenizer = None
-        self.first_token_time: Optional[float] = None
-        self.first_scheduled_time: Optional[float] = None
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -1,15 +1,19 @@
 """Turn one step's logits into tokens (and optional top-N logprobs).
 
-Order of operations, as in vLLM:
+Order of operations, as vLLM V1 defines it:
+  0. raw logprobs — when a row asks for logprobs in the default mode
+     ``raw_logprobs``: log-softmax of the model's logits *before anything
+     below* (``raw_logits``: those logits themselves);
   1. penalties — repetition (prompt + output tokens: positive logits divided,
      negative multiplied), then frequency (x count) and presence (x seen) over
      output tokens;
-  2. logprobs — log-softmax of the *penalised* logits, before temperature and
-     truncation (so they describe the model after penalties, not the
-     truncated sampling distribution);
-  3. greedy rows (temperature 0) take the argmax of the penalised logits;
-  4. sampling rows: divide by temperature, keep the top-k, then the top-p
-     nucleus, then drop tokens below min_p x the best probability, and draw.
+  2. greedy rows (temperature < 1e-5) take the argmax of the penalised logits;
+  3. sampling rows: divide by temperature, then drop tokens below
+     min_p x the best probability, then keep the top-k, then the top-p nucleus
+     (normalised over what min-p and top-k left), and draw.
+  ``processed_logprobs`` / ``processed_logits`` report the distribution the
+  token was drawn from: step 3's logits (masked tokens at -inf) for sampling
+  rows, the penalised logits for greedy rows.
 
 Drawing is by inverse CDF: one uniform u per row, the first token whose
 cumulative probability exceeds u. Rows with their own ``torch.Generator`` take
@@ -21,6 +25,9 @@ unless needed.
 
 The all-greedy batch without penalties or logprobs is one argmax, nothing else.
 Everything else builds its per-row parameter tensors once per call.
+
+Prompt logprobs (``prompt_logprobs_of``) are the log-softmax of the model's
+logits at each prompt position, for the next prompt token: raw, as in vLLM.
 """
 from __future__ import annotations
 
@@ -88,25 +95,42 @@ class Sampler:
         greedy = [_is_greedy(p) for p in params]
         penal = [p.uses_penalties for p in params]
         want_lp = [p.logprobs is not None for p in params]
+        modes = [p.logprobs_mode if w else None for p, w in zip(params, want_lp)]
+        want_processed = [m is not None and m.startswith("processed") for m in modes]
 
-        logits = logits.float()
+        raw = logits.float()
+        logits = raw
         if any(penal):
-            logits = logits.clone(memory_format=torch.contiguous_format)  # never modify the caller's tensor
+            logits = raw.clone(memory_format=torch.contiguous_format)  # never modify the caller's tensor
             self._apply_penalties(logits, rows, [i for i in range(n) if penal[i]])
 
         sample_idx = [i for i in range(n) if not greedy[i]]
+        need_processed = [want_processed[i] for i in sample_idx]
+        processed = None  # full-vocabulary step-3 logits of the sampling rows that report them
         if len(sample_idx) == n:
-            tokens = self._sample(logits, rows, sample_idx)
+            tokens, processed = self._sample(logits, rows, sample_idx, need_processed)
         else:
             tokens = logits.argmax(dim=-1)
             if sample_idx:
-                sampled = self._sample(logits, rows, sample_idx)
+                sampled, processed = self._sample(logits, rows, sample_idx, need_processed)
                 tokens[torch.tensor(sample_idx, device=tokens.device)] = sampled
 
         token_list = tokens.tolist()
         lp_out: list[Optional[dict[int, float]]] = [None] * n
         if any(want_lp):
-            lp_out = self._gather_logprobs(logits, tokens, params, want_lp)
+            # One source row per asking row: raw logits, penalised (greedy), or step-3 (sampling).
+            pos_in_sample = {i: j for j, i in enumerate(sample_idx)}
+            src_rows = []
+            for i in range(n):
+                if not want_lp[i]:
+                    continue
+                if not want_processed[i]:
+                    src_rows.append(raw[i])
+                elif greedy[i]:
+                    src_rows.append(logits[i])
+                else:
+                    src_rows.append(processed[pos_in_sample[i]])
+            lp_out = self._gather_logprobs(torch.stack(src_rows), tokens, params, want_lp, modes)
         return SamplerOutput(token_list, lp_out)
 
     # ------------------------------------------------------------------ penalties
@@ -150,8 +174,15 @@ class Sampler:
 
     # ------------------------------------------------------------------- sampling
     @staticmethod
-    def _sample(logits: torch.Tensor, rows: list[SamplingRow], idx: list[int]) -> torch.Tensor:
-        """Draw one token for each row in ``idx`` (all with temperature > 0)."""
+    def _sample(
+        logits: torch.Tensor, rows: list[SamplingRow], idx: list[int], want_processed: list[bool]
+    ) -> tuple[torch.Tensor, Optional[list[Optional[torch.Tensor]]]]:
+        """Draw one token for each row in ``idx`` (all with temperature > 0).
+
+        Also returns, per row of ``idx`` that ``want_processed``, its step-3
+        logits over the whole vocabulary (None for the others; None overall
+        when no row wants them).
+        """
         device = logits.device
         vocab = logits.shape[1]
         ps = [rows[i].params for i in idx]
@@ -170,6 +201,7 @@ class Sampler:
         truncated = [j for j, p in enumerate(ps) if ks[j] < vocab or p.top_p < 1.0]
         plain = [j for j in range(len(idx)) if ks[j] >= vocab and ps[j].top_p >= 1.0]
         picked = torch.empty(len(idx), dtype=torch.long, device=device)
+        processed: Optional[list[Optional[torch.Tensor]]] = [None] * len(idx) if any(want_processed) else None
         for group, fn in ((plain, _sample_full), (truncated, _sample_truncated)):
             if not group:
                 continue
@@ -178,26 +210,36 @@ class Sampler:
             g_params = [ps[j] for j in group]
             temp = torch.tensor([p.temperature for p in g_params], device=device, dtype=logits.dtype)
             g_u = u if len(group) == len(idx) else u[torch.tensor(group, device=device)]
+            keep = processed is not None and any(want_processed[j] for j in group)
             # Division makes a new tensor: the caller's logits stay as they were.
-            tokens = fn(g_logits / temp[:, None], g_params, g_u)
+            tokens, g_processed = fn(g_logits / temp[:, None], g_params, g_u, keep)
+            if g_processed is not None:
+                for k, j in enumerate(group):
+                    if want_processed[j]:
+                        processed[j] = g_processed[k]
             if len(group) == len(idx):
-                return tokens
+                return tokens, processed
             picked[torch.tensor(group, device=device)] = tokens
-        return picked
+        return picked, processed
 
     # ------------------------------------------------------------------- logprobs
     @staticmethod
     def _gather_logprobs(
-        logits: torch.Tensor,
+        src: torch.Tensor,
         tokens: torch.Tensor,
         params: list[SamplingParams],
         want: list[bool],
+        modes: list[Optional[str]],
     ) -> list[Optional[dict[int, float]]]:
-        """Log-softmax of the penalised logits, for the rows that asked only."""
+        """Top-N (best first) plus the sampled token, for the rows that asked.
+
+        ``src`` holds one row per asking row (in order): logits to report as
+        they are (``*_logits`` modes) or to log-softmax (``*_logprobs``).
+        """
         idx = [i for i, w in enumerate(want) if w]
-        sel = torch.tensor(idx, device=logits.device)
-        lp = torch.log_softmax(logits.index_select(0, sel), dim=-1)
-        chosen = tokens.index_select(0, sel)
+        as_logprobs = torch.tensor([modes[i].endswith("logprobs") for i in idx], device=src.device)
+        lp = torch.where(as_logprobs[:, None], torch.log_softmax(src, dim=-1), src)
+        chosen = tokens.index_select(0, torch.tensor(idx, device=tokens.device)).to(src.device)
         chosen_lp = lp.gather(1, chosen[:, None])[:, 0].tolist()
         chosen_ids = chosen.tolist()
         top_n = max(params[i].logprobs for i in idx)
@@ -215,6 +257,29 @@ class Sampler:
             d.setdefault(int(chosen_ids[j]), float(chosen_lp[j]))
             out[i] = d
         return out
+
+
+def prompt_logprobs_of(
+    logits: torch.Tensor, next_ids: torch.Tensor, top_n: int
+) -> list[dict[int, float]]:
+    """For each row (a prompt position): log-softmax of the raw logits, as
+    {token: logprob} with the top ``top_n`` (best first) plus the actual next
+    prompt token ``next_ids[row]``."""
+    lp = torch.log_softmax(logits.float(), dim=-1)
+    chosen = lp.gather(1, next_ids[:, None].to(lp.device))[:, 0].tolist()
+    ids = next_ids.tolist()
+    tops = lp.topk(min(top_n, lp.shape[1]), dim=-1) if top_n > 0 else None
+    tv = tops.values.tolist() if tops is not None else None
+    ti = tops.indices.tolist() if tops is not None else None
+    out = []
+    for r in range(lp.shape[0]):
+        d: dict[int, float] = {}
+        if ti is not None:
+            for tid, v in zip(ti[r], tv[r]):
+                d[int(tid)] = float(v)
+        d.setdefault(int(ids[r]), float(chosen[r]))
+        out.append(d)
+    return out
 
 
 # Top-k / top-p first look at this many best tokens (a partial sort), widening
@@ -244,22 +309,32 @@ def _draw(logits: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     return torch.minimum(picked, last)
 
 
-def _sample_full(logits: torch.Tensor, params: list[SamplingParams], u: torch.Tensor) -> torch.Tensor:
-    """Temperature-scaled rows without top-k/top-p: min-p, then draw over the vocabulary."""
+def _apply_min_p(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """Mask tokens below min_p x the best probability (the row's own softmax)."""
     floor = _min_p_floor(logits.max(dim=-1, keepdim=True).values, params)
-    if floor is not None:
-        logits = logits.masked_fill(logits < floor, float("-inf"))
-    return _draw(logits, u)
+    return logits if floor is None else logits.masked_fill(logits < floor, float("-inf"))
 
 
-def _sample_truncated(logits: torch.Tensor, params: list[SamplingParams], u: torch.Tensor) -> torch.Tensor:
-    """Top-k, then top-p, then min-p, then draw, within each row's best tokens."""
+def _sample_full(
+    logits: torch.Tensor, params: list[SamplingParams], u: torch.Tensor, keep: bool
+) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """Temperature-scaled rows without top-k/top-p: min-p, then draw over the vocabulary."""
+    logits = _apply_min_p(logits, params)
+    return _draw(logits, u), (logits if keep else None)
+
+
+def _sample_truncated(
+    logits: torch.Tensor, params: list[SamplingParams], u: torch.Tensor, keep: bool
+) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """Min-p, then top-k, then top-p, then draw, within each row's best tokens."""
     vocab = logits.shape[1]
     device = logits.device
+    logits = _apply_min_p(logits, params)  # before top-k/top-p, as in vLLM V1
     ks = torch.tensor([p.top_k if 0 < p.top_k < vocab else vocab for p in params], device=device)[:, None]
     max_k = max((p.top_k for p in params if 0 < p.top_k < vocab), default=0)
     nucleus_only = [p.top_p < 1.0 and not 0 < p.top_k < vocab for p in params]
-    # Top-p needs each row's normaliser: over its k kept tokens, or the whole row.
+    # Top-p needs each row's normaliser: over its k kept tokens, or the whole
+    # row (both after min-p: masked tokens carry no mass).
     nucleus_t = torch.tensor(nucleus_only, device=device)
     row_lse = torch.logsumexp(logits, dim=-1, keepdim=True) if any(nucleus_only) else None
     top_p = torch.tensor([p.top_p if p.top_p < 1.0 else 2.0 for p in params], device=device)[:, None]
@@ -281,10 +356,11 @@ def _sample_truncated(logits: torch.Tensor, params: list[SamplingParams], u: tor
         # A nucleus (without top-k) that keeps all `width` tokens may go on past them.
         if width < vocab and bool((torch.isfinite(vals[:, -1]) & nucleus_t).any()):
             continue
-        floor = _min_p_floor(vals[:, :1], params)
-        if floor is not None:
-            vals = vals.masked_fill(vals < floor, float("-inf"))
-        return order.gather(1, _draw(vals, u)[:, None])[:, 0]
+        tokens = order.gather(1, _draw(vals, u)[:, None])[:, 0]
+        processed = None
+        if keep:  # back to vocabulary order; everything outside the kept width is -inf
+            processed = torch.full_like(logits, float("-inf")).scatter_(1, order, vals)
+        return tokens, processed
     raise AssertionError("unreachable: the full-vocabulary width always returns")
 
 

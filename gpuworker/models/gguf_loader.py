@@ -97,6 +97,12 @@ def _field(reader, key: str, default=None):
     return f.contents()
 
 
+def _gguf_eos_ids(reader) -> list[int] | int | None:
+    ids = [_field(reader, f"tokenizer.ggml.{k}_token_id") for k in ("eos", "eot", "eom")]
+    ids = list(dict.fromkeys(int(i) for i in ids if i is not None))
+    return None if not ids else ids[0] if len(ids) == 1 else ids
+
+
 def gguf_config(reader) -> dict:
     arch = _field(reader, "general.architecture")
     if arch not in GGUF_ARCHITECTURES:
@@ -126,7 +132,8 @@ def gguf_config(reader) -> dict:
         "rope_theta": float(meta("rope.freq_base", 10000.0)),
         "tie_word_embeddings": "output.weight" not in tensor_names,
         "bos_token_id": _field(reader, "tokenizer.ggml.bos_token_id"),
-        "eos_token_id": _field(reader, "tokenizer.ggml.eos_token_id"),
+        # llama.cpp's end-of-turn / end-of-message ids end a reply too (Llama 3's <|eot_id|>).
+        "eos_token_id": _gguf_eos_ids(reader),
         "hidden_act": "silu",
         "dtype": "float32",
     }

@@ -105,6 +105,30 @@ def load_tokenizer(folder: Path):
     return AutoTokenizer.from_pretrained(str(folder))
 
 
+def _as_id_list(value) -> list[int]:
+    if value is None:
+        return []
+    if isinstance(value, (list, tuple)):
+        return [int(v) for v in value if v is not None]
+    return [int(value)]
+
+
+def discover_eos_token_ids(folder: Path, config_eos: list[int], tokenizer) -> list[int]:
+    """Every id that ends a generation: the union of config.json's ``eos_token_id``
+    (or the GGUF's eos/eot/eom ids), generation_config.json's ``eos_token_id``
+    (an int or a list: Llama-3-Instruct lists ``<|eot_id|>`` there only) and the
+    tokenizer's EOS token. Order: config first, duplicates dropped."""
+    ids = list(config_eos)
+    gen_path = folder / "generation_config.json"
+    if gen_path.is_file():
+        try:
+            ids += _as_id_list(json.loads(gen_path.read_text()).get("eos_token_id"))
+        except (json.JSONDecodeError, TypeError, ValueError) as exc:
+            raise ValueError(f"{gen_path}: eos_token_id is not an id or a list of ids ({exc})") from exc
+    ids += _as_id_list(getattr(tokenizer, "eos_token_id", None))
+    return list(dict.fromkeys(ids))
+
+
 def default_dtype(device: torch.device) -> torch.dtype:
     return torch.bfloat16 if device.type == "cuda" else torch.float32
 
@@ -124,6 +148,7 @@ def load_model(
     cfg = ModelConfig.from_hf(raw)  # fails early on an unsupported architecture
     files = safetensors_files(folder)
     tokenizer = load_tokenizer(folder)
+    cfg.eos_token_ids = discover_eos_token_ids(folder, cfg.eos_token_ids, tokenizer)
 
     device = torch.device(device)
     dtype = dtype or default_dtype(device)

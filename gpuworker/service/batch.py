@@ -7,6 +7,19 @@ from typing import Any, Callable, Optional
 
 import redis
 
+# Redis answers but will not write: out of memory under noeviction, or a replica
+# after a failover. Both pass once an operator (or a TTL, or a promotion) frees
+# the way, so writers wait with back-off instead of dying.
+REFUSING_WRITES = (redis.exceptions.OutOfMemoryError, redis.exceptions.ReadOnlyError)
+TRANSIENT = (redis.ConnectionError, redis.TimeoutError, *REFUSING_WRITES)
+
+
+def _warn(log, e: Exception, **kw) -> None:
+    if log is None:
+        return
+    event = "redis_refusing_writes_retrying" if isinstance(e, REFUSING_WRITES) else "redis_unavailable_retrying"
+    log.warning(event, error=str(e), **kw)
+
 
 class Batch:
     def __init__(self) -> None:
@@ -24,8 +37,9 @@ class Batch:
 
     def send(self, r: "redis.Redis", *, transaction: bool = True, give_up: Optional[Callable[[], bool]] = None,
              log=None) -> list:
-        """Execute; on a connection error retry with backoff until it works or
-        ``give_up()`` says stop (then the error is raised)."""
+        """Execute; on a connection error, or while Redis refuses writes, retry
+        with backoff until it works or ``give_up()`` says stop (then the error is
+        raised). Scripts in the batch make a re-send safe (see schemas/lua)."""
         if not self.ops:
             return []
         delay = 0.05
@@ -34,26 +48,33 @@ class Batch:
             for name, args, kwargs in self.ops:
                 getattr(pipe, name)(*args, **kwargs)
             try:
-                return pipe.execute(raise_on_error=False)
-            except (redis.ConnectionError, redis.TimeoutError) as e:
+                res = pipe.execute(raise_on_error=False)
+            except TRANSIENT as e:
                 if give_up is not None and give_up():
                     raise
-                if log is not None:
-                    log.warning("redis_unavailable_retrying", error=str(e), retry_in=delay)
+                _warn(log, e, retry_in=delay)
                 time.sleep(delay)
                 delay = min(delay * 2, 2.0)
+                continue
+            refused = next((x for x in res if isinstance(x, REFUSING_WRITES)), None)
+            if refused is None or (give_up is not None and give_up()):
+                return res
+            # A script's write refused inside EXEC (MULTI queued the EVAL itself):
+            # the other commands ran, so re-send; fenced scripts make that safe.
+            _warn(log, refused, retry_in=delay)
+            time.sleep(delay)
+            delay = min(delay * 2, 2.0)
 
 
 def retrying(fn: Callable[[], Any], *, give_up: Callable[[], bool], log=None, what: str = "redis") -> Any:
-    """Call ``fn`` until it does not raise a Redis connection error."""
+    """Call ``fn`` until it raises no connection error and no write refusal."""
     delay = 0.05
     while True:
         try:
             return fn()
-        except (redis.ConnectionError, redis.TimeoutError) as e:
+        except TRANSIENT as e:
             if give_up():
                 raise
-            if log is not None:
-                log.warning("redis_unavailable_retrying", op=what, error=str(e), retry_in=delay)
+            _warn(log, e, op=what, retry_in=delay)
             time.sleep(delay)
             delay = min(delay * 2, 2.0)

@@ -12,10 +12,13 @@ class WorkerContext:
     consumer: str
     lease_seconds: float
     max_deliveries: int
-    reply_ttl: int
+    reply_ttl: int  # a job's keys live this long after done/error
     reply_maxlen: int
-    job_ttl: int = 86_400  # status/reply keys of a job still running
+    live_ttl: int = 86_400  # ... and this long while it waits or runs
     log_prompts: bool = False
+    dlq_maxlen: int = 10_000
+    dlq_max_age_s: int = 7 * 86_400
+    dlq_redact: bool = False
 
     @property
     def stream(self) -> str:

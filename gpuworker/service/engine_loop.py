@@ -14,57 +14,17 @@ import queue
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 from gpuworker.engine.outputs import RequestDelta
+from gpuworker.service.messages import AbortJob, AddJob, Dropped, DropJob, Failed, Rejected, StepOutput
 from gpuworker.service.state import InFlight, JobState
-
-
-@dataclass
-class StepOutput:
-    deltas: list
-    stats: object
-    t: float  # wall time the step ended
-    step_s: float
-
-
-@dataclass
-class Started:
-    """Jobs handed to the engine: their restarted/started events ride on the
-    publisher's next pipeline, queued ahead of any of their deltas."""
-
-    states: list
-
-
-@dataclass
-class Rejected:
-    st: JobState
-    code: str
-    message: str
-
-
-@dataclass
-class Failed:
-    """An engine fault: these jobs were aborted and must be retried or dead-lettered."""
-
-    states: list
-    error: str
-    culprit: Optional[str] = None  # the job on probation when it happened
-
-
-@dataclass
-class Dropped:
-    """Jobs abandoned without a reply: the lease was lost (another worker has
-    them), or the drain timed out (``handback``: return them to the group)."""
-
-    ids: list = field(default_factory=list)
-    handback: bool = False
 
 
 class EngineLoop(threading.Thread):
     def __init__(self, engine, commands: "queue.Queue", to_publisher: "queue.Queue", inflight: InFlight, metrics, log,
-                 rebuild: Optional[Callable[[], object]] = None, check_invariants: bool = False):
+                 rebuild: Optional[Callable[[], object]] = None, check_invariants: bool = False,
+                 step_pace_s: float = 0.0):
         super().__init__(name="inferq-engine", daemon=True)
         self.engine = engine
         self.commands = commands
@@ -81,6 +41,9 @@ class EngineLoop(threading.Thread):
         self._held: deque = deque()  # new jobs waiting for the probes to end
         # Debug/test aid: verify the block pool after every abort and whenever idle.
         self.check_invariants = check_invariants
+        # Test aid (WorkerSettings.step_pace_s): a fixed sleep per step, so a test's
+        # timing does not depend on how fast the machine runs the engine.
+        self.step_pace_s = step_pace_s
 
     def run(self) -> None:
         try:
@@ -117,35 +80,38 @@ class EngineLoop(threading.Thread):
                 return
 
     def _apply(self, cmd) -> None:
-        kind = cmd[0]
-        if kind == "add":
-            st: JobState = cmd[1]
-            if st.dropped:
-                return
-            if st.suspect:
-                self._probation.append(st)
-            elif self._probation or self._probing is not None:
-                self._held.append(st)
-            else:
-                self._add(st)
-        elif kind == "abort":
-            _, job_id, reason = cmd
-            if job_id in self._in_engine:
-                d = self.engine.abort(job_id, reason=reason)
-                if d is not None:
-                    self._in_engine.discard(job_id)
-                    self.out.put(StepOutput([d], self.engine.stats(), time.time(), 0.0))
-                self._verify("abort")
-            elif self._unqueue(job_id) is not None:  # still waiting: finish it without the engine
-                self.out.put(StepOutput([RequestDelta(job_id, [], "", finished=True, finish_reason=reason)],
-                                        self.engine.stats(), time.time(), 0.0))
-        elif kind == "drop":
-            job_id = cmd[1]
-            if job_id in self._in_engine:
-                self.engine.abort(job_id)
+        {AddJob: self._on_add, AbortJob: self._on_abort, DropJob: self._on_drop}[type(cmd)](cmd)
+
+    def _on_add(self, cmd: AddJob) -> None:
+        st = cmd.st
+        if st.is_dropped:
+            return
+        if st.suspect:
+            self._probation.append(st)
+        elif self._probation or self._probing is not None:
+            self._held.append(st)
+        else:
+            self._add(st)
+
+    def _on_abort(self, cmd: AbortJob) -> None:
+        job_id, reason = cmd.job_id, cmd.reason
+        if job_id in self._in_engine:
+            d = self.engine.abort(job_id, reason=reason)
+            if d is not None:
                 self._in_engine.discard(job_id)
-            self._unqueue(job_id)
-            self.out.put(Dropped([job_id]))
+                self.out.put(StepOutput([d], self.engine.stats(), time.time(), 0.0))
+            self._verify("abort")
+        elif self._unqueue(job_id) is not None:  # still waiting: finish it without the engine
+            self.out.put(StepOutput([RequestDelta(job_id, [], "", finished=True, finish_reason=reason)],
+                                    self.engine.stats(), time.time(), 0.0))
+
+    def _on_drop(self, cmd: DropJob) -> None:
+        job_id = cmd.job_id
+        if job_id in self._in_engine:
+            self.engine.abort(job_id)
+            self._in_engine.discard(job_id)
+        self._unqueue(job_id)
+        self.out.put(Dropped([job_id]))
 
     def _unqueue(self, job_id: str) -> Optional[JobState]:
         for q in (self._probation, self._held):
@@ -178,12 +144,12 @@ class EngineLoop(threading.Thread):
             if st.suspect == "culprit" and self.engine.has_unfinished():
                 return  # a job blamed before runs alone
             self._probation.popleft()
-            if not st.dropped and self._add(st):
+            if not st.is_dropped and self._add(st):
                 self._probing = st
         if self._probing is None and not self._probation:
             while self._held:
                 st = self._held.popleft()
-                if not st.dropped:
+                if not st.is_dropped:
                     self._add(st)
 
     def _step(self) -> None:
@@ -202,6 +168,8 @@ class EngineLoop(threading.Thread):
                               or any(d.request_id == p.id and d.new_token_ids for d in deltas)):
             self._probing = None  # it produced a token (or ended): probation passed
         self.out.put(StepOutput(deltas, self.engine.stats(), time.time(), dt))
+        if self.step_pace_s:
+            time.sleep(self.step_pace_s)
         if not self.engine.has_unfinished():
             self._verify("idle")
 
@@ -250,8 +218,8 @@ class EngineLoop(threading.Thread):
                 cmd = self.commands.get_nowait()
             except queue.Empty:
                 break
-            if cmd[0] == "add":
-                ids.append(cmd[1].id)
+            if isinstance(cmd, AddJob):
+                ids.append(cmd.st.id)
         if ids:
             self.log.warning("drain_timeout_left_pending", jobs=len(ids))
             self.out.put(Dropped(ids, handback=True))

@@ -17,21 +17,18 @@ from typing import Optional
 import redis
 from pydantic import ValidationError
 
-from schemas import Usage, keys
-from schemas.job import Job
+from schemas.text import as_str
+from schemas import Usage, transitions
+from schemas.job import Job, job_payload
 
 from gpuworker.service import replies
-from gpuworker.service.batch import Batch, retrying
+from gpuworker.service.batch import REFUSING_WRITES, Batch, retrying
 from gpuworker.service.context import WorkerContext
-from gpuworker.service.engine_loop import Started
+from gpuworker.service.messages import AddJob, Started
 from gpuworker.service.prompts import PromptBuilder, PromptError
 from gpuworker.service.state import InFlight, JobState
 
 _ID_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
-
-
-def _s(v) -> str:
-    return v.decode("utf-8", errors="replace") if isinstance(v, bytes) else str(v)
 
 
 def salvage_job_id(raw: Optional[str]) -> Optional[str]:
@@ -106,6 +103,10 @@ class Intake(threading.Thread):
             try:
                 resp = self.r.xreadgroup(self.ctx.group, self.ctx.consumer, {self.ctx.stream: ">"},
                                          count=free, block=self.block_ms)
+            except REFUSING_WRITES as e:  # out of memory / read-only: take no new work until it passes
+                self.log.warning("redis_refusing_writes_retrying", op="xreadgroup", error=str(e))
+                self.stop.wait(0.5)
+                continue
             except redis.ResponseError as e:
                 if "NOGROUP" in str(e):  # stream or group deleted under us: recreate
                     self.ensure_group()
@@ -130,7 +131,7 @@ class Intake(threading.Thread):
             entries = resp[0][1] if resp else []
             if not entries:
                 return
-            last = _s(entries[-1][0])
+            last = as_str(entries[-1][0])
             self.log.info("pending_reread", count=len(entries))
             self.admit(entries)
 
@@ -143,7 +144,7 @@ class Intake(threading.Thread):
                 break
             batch.append((entry_id, fields))
             if suspect:
-                flags[_s(entry_id)] = suspect
+                flags[as_str(entry_id)] = suspect
         if batch:
             self.admit(batch, flags)
 
@@ -156,30 +157,27 @@ class Intake(threading.Thread):
         held = {st.entry_id for st in snap}
         running = {st.id for st in snap}
         for entry_id, fields in entries:
-            entry_id = _s(entry_id)
+            entry_id = as_str(entry_id)
             if entry_id in held:
                 continue  # already running here (read twice): one copy is enough
             if not fields:  # deleted from the stream while pending: nothing left to do
                 b.xack(self.ctx.stream, self.ctx.group, entry_id)
                 continue
-            raw_b = fields.get(b"job", fields.get("job"))
+            raw_b = job_payload(fields)
             # ``raw`` is what the DLQ keeps: the payload's exact bytes.
-            raw = raw_b if raw_b is not None else json.dumps({_s(k): _s(v) for k, v in fields.items()})
-            text = _s(raw)
+            raw = raw_b if raw_b is not None else json.dumps({as_str(k): as_str(v) for k, v in fields.items()})
+            text = as_str(raw)
             try:
-                if raw_b is None:
-                    raise ValueError("stream entry has no 'job' field")
-                if isinstance(raw_b, bytes):
-                    raw_b.decode("utf-8")  # invalid UTF-8 is a client error, not a crash
-                job = Job.model_validate_json(text)
+                # Invalid UTF-8 or a missing field is a client error, not a crash.
+                job = Job.from_fields(fields)
             except Exception as e:
-                self._reject(b, entry_id, raw, salvage_job_id(text), 1, "invalid_job", describe(e))
+                self._reject(b, entry_id, raw, salvage_job_id(text), 1, "invalid_job", describe(e), claimed=False)
                 continue
             if job.id in running:
                 # Another entry with this job id is running here: dead-letter this
                 # copy without touching the running job's reply stream or status.
                 self._reject(b, entry_id, raw, None, 1, "duplicate_job_id",
-                             f"job id {job.id!r} is already running on this worker")
+                             f"job id {job.id!r} is already running on this worker", claimed=False)
                 continue
             running.add(job.id)
             parsed.append((entry_id, raw, job))
@@ -187,18 +185,24 @@ class Intake(threading.Thread):
             b.send(self.r, give_up=self._give_up, log=self.log)
             return
 
-        # One round trip: bump each job's attempt counter and read its cancel flag.
-        idx = []
-        for _, _, job in parsed:
-            idx.append((b.hincrby(keys.job_info(job.id), "attempt", 1), b.exists(keys.cancel(job.id))))
-            b.expire(keys.job_info(job.id), self.ctx.job_ttl)
+        # One round trip: claim an attempt of each job (fenced: only while the entry
+        # is still this consumer's) and read its cancel flag.
+        idx = [transitions.claim_attempt(b, model=self.ctx.model, entry_id=entry_id, consumer=self.ctx.consumer,
+                                         job_id=job.id, live_ttl=self.ctx.live_ttl) for entry_id, _, job in parsed]
         res = b.send(self.r, give_up=self._give_up, log=self.log)
 
         now = time.time()
         b = Batch()
         ready: list[JobState] = []
-        for (entry_id, raw, job), (i_att, i_cancel) in zip(parsed, idx):
-            attempt = int(res[i_att]) if isinstance(res[i_att], int) else 1
+        for (entry_id, raw, job), i in zip(parsed, idx):
+            if isinstance(res[i], Exception):
+                raise res[i]
+            attempt, cancelled = (int(x) for x in res[i])
+            if attempt < 0:
+                # Claimed by another worker between our read and this claim: theirs now.
+                self.metrics.refused("claim")
+                self.log.info("entry_taken_by_another_worker", entry_id=entry_id, job_id=job.id)
+                continue
             st = JobState(job=job, entry_id=entry_id, raw=raw, attempt=attempt,
                           log=self.log.bind(job_id=job.id, attempt=attempt), received_at=now,
                           suspect=(suspects or {}).get(entry_id, ""))
@@ -212,7 +216,7 @@ class Intake(threading.Thread):
                 self._reject(b, entry_id, raw, job.id, attempt, "unknown_model",
                              f"this worker serves {self.ctx.model!r}, not {job.model!r}")
                 continue
-            if res[i_cancel]:
+            if cancelled:
                 st.cancel_requested = True
                 self._finish_early(b, st, "abort")
                 continue
@@ -243,13 +247,16 @@ class Intake(threading.Thread):
             self.to_publisher.put(Started(ready))
         for st in ready:
             self.inflight.add(st)
-            self.to_engine.put(("add", st))
+            self.to_engine.put(AddJob(st))
 
-    def _reject(self, b: Batch, entry_id: str, raw, job_id: Optional[str], attempt: int, code: str, message: str) -> None:
+    def _reject(self, b: Batch, entry_id: str, raw, job_id: Optional[str], attempt: int, code: str, message: str,
+                *, claimed: bool = True) -> None:
+        """Error event + dead letter. ``claimed`` False: refused before an attempt
+        was claimed (unreadable payload, duplicate id), fenced on the entry alone."""
         self.metrics.error(code)
         self.log.warning("job_rejected", job_id=job_id, entry_id=entry_id, attempt=attempt, code=code, reason=message)
-        replies.fail(b, self.ctx, entry_id=entry_id, raw=raw, job_id=job_id, attempt=attempt, seq=0 if attempt <= 1 else 1,
-                     code=code, message=message)
+        replies.fail(b, self.ctx, entry_id=entry_id, raw=raw, job_id=job_id, attempt=attempt if claimed else 0,
+                     event_attempt=attempt, seq=0, code=code, message=message)
 
     def _finish_early(self, b: Batch, st: JobState, reason: str) -> None:
         """Cancelled or past its deadline before prefill: done without the engine."""

@@ -20,24 +20,28 @@ from typing import Callable, Optional
 
 import redis
 
+from schemas import transitions
+from schemas.text import as_str
+
+from gpuworker.service.batch import REFUSING_WRITES
 from gpuworker.service.context import WorkerContext
+from gpuworker.service.messages import DropJob
 from gpuworker.service.state import InFlight
 
 QUEUE_GAUGE_INTERVAL = 2.0
 
 
-def _s(v) -> str:
-    return v.decode() if isinstance(v, bytes) else str(v)
-
-
 class LeaseKeeper(threading.Thread):
     def __init__(self, ctx: WorkerContext, r: redis.Redis, inflight: InFlight, requeue: Callable[[list], None],
-                 to_engine, metrics, log, stop: threading.Event, reap: Callable[[], bool] = lambda: True):
+                 to_engine, metrics, log, stop: threading.Event, reap: Callable[[], bool] = lambda: True,
+                 identity=None, on_identity_lost: Callable[[], None] = lambda: None):
         super().__init__(name="inferq-lease", daemon=True)
         self.ctx, self.r, self.inflight = ctx, r, inflight
         self.requeue, self.to_engine, self.metrics, self.log = requeue, to_engine, metrics, log
         self.stop = stop
         self.reap_enabled = reap  # false while draining: take no new work
+        self.identity = identity  # WorkerIdentity: renewed with the heartbeat
+        self.on_identity_lost = on_identity_lost
         self.tick_s = min(ctx.lease_seconds / 3.0, 2.0)
         self.min_idle_ms = int(3 * ctx.lease_seconds * 1000)
         self._cursor = "0-0"
@@ -50,6 +54,8 @@ class LeaseKeeper(threading.Thread):
                 self.tick()
             except (redis.ConnectionError, redis.TimeoutError) as e:
                 self.log.warning("redis_unavailable_retrying", op="lease", error=str(e))
+            except REFUSING_WRITES as e:
+                self.log.warning("redis_refusing_writes_retrying", op="lease", error=str(e))
             except Exception:
                 self.log.exception("lease_tick_failed")
             self.stop.wait(self.tick_s)
@@ -72,22 +78,24 @@ class LeaseKeeper(threading.Thread):
         # Forget workers silent for an hour (killed ones never say goodbye).
         pipe.zremrangebyscore(self.ctx.workers_key, "-inf", now - 3600)
         pipe.execute()
+        if self.identity is not None and not self.identity.renew(self.r):
+            # We stalled past the id's TTL and another process took the id: two
+            # workers must never share a consumer name, so this one stops.
+            self.log.error("worker_id_taken_over", worker_id=self.ctx.consumer)
+            self.on_identity_lost()
 
     def refresh(self) -> None:
-        held = [st for st in self.inflight.snapshot() if not (st.finishing or st.dropped)]
+        held = [st for st in self.inflight.snapshot() if st.is_active]
         if not held:
             return
-        rows = self.r.xpending_range(self.ctx.stream, self.ctx.group, min="-", max="+",
-                                     count=max(1000, 4 * len(held)), consumername=self.ctx.consumer)
-        owned = {_s(row["message_id"]) for row in rows}
-        mine = [st.entry_id for st in held if st.entry_id in owned]
-        if mine:
-            self.r.xclaim(self.ctx.stream, self.ctx.group, self.ctx.consumer, 0, mine, justid=True)
+        # One atomic script: renews only what is still ours, so it can never take
+        # an entry back from a worker that just reclaimed it.
+        lost = set(transitions.renew(self.r, model=self.ctx.model, consumer=self.ctx.consumer,
+                                     entry_ids=[st.entry_id for st in held]))
         for st in held:
-            if st.entry_id not in owned and not (st.finishing or st.dropped) and self.inflight.get(st.id) is st:
+            if st.entry_id in lost and self.inflight.get(st.id) is st and st.drop():
                 st.log.warning("lease_lost", entry_id=st.entry_id)
-                st.dropped = True
-                self.to_engine.put(("drop", st.id))
+                self.to_engine.put(DropJob(st.id))
 
     def reap(self) -> int:
         free = self.inflight.free()
@@ -95,7 +103,7 @@ class LeaseKeeper(threading.Thread):
             return 0
         resp = self.r.xautoclaim(self.ctx.stream, self.ctx.group, self.ctx.consumer, self.min_idle_ms,
                                  start_id=self._cursor, count=free)
-        self._cursor = _s(resp[0])
+        self._cursor = as_str(resp[0])
         claimed = [(eid, fields) for eid, fields in resp[1]]
         if claimed:
             self.metrics.reclaimed.inc(len(claimed))
@@ -108,7 +116,9 @@ class LeaseKeeper(threading.Thread):
         pipe.xlen(self.ctx.stream)
         pipe.xpending(self.ctx.stream, self.ctx.group)
         pipe.xlen(self.ctx.dlq)
-        depth, pend, dlq = pipe.execute(raise_on_error=False)
+        # Dead letters past their age go (the count cap is applied as they are written).
+        pipe.xtrim(self.ctx.dlq, minid=f"{int((time.time() - self.ctx.dlq_max_age_s) * 1000)}-0", approximate=True)
+        depth, pend, dlq, _ = pipe.execute(raise_on_error=False)
         if isinstance(depth, int):
             self.metrics.queue_depth.set(depth)
             n_pending = pend.get("pending", 0) if isinstance(pend, dict) else 0
@@ -121,10 +131,9 @@ class LeaseKeeper(threading.Thread):
         self.metrics.inflight.set(len(self.inflight))
 
     def release(self, entry_ids: list[str]) -> None:
-        """Hand entries back to the group for another worker's next reap."""
-        if entry_ids:
-            self.r.xclaim(self.ctx.stream, self.ctx.group, self.ctx.consumer, 0, entry_ids,
-                          idle=self.min_idle_ms + 1000, justid=True)
+        """Hand the entries still ours back to the group for another worker's next reap."""
+        transitions.hand_back(self.r, model=self.ctx.model, consumer=self.ctx.consumer, entry_ids=entry_ids,
+                              idle_ms=self.min_idle_ms + 1000)
 
     def leave(self) -> None:
         self.r.zrem(self.ctx.workers_key, self.ctx.consumer)

@@ -1,54 +1,54 @@
-"""Reply-stream writes, recorded into a Batch so each caller sends one pipeline."""
+"""Reply-stream writes and the job's fenced state changes, recorded into a Batch
+so each caller sends one pipeline. ``start``/``finish``/``fail`` return the index
+of the script's answer in the batch (see schemas.transitions: 1 done, 0 refused)."""
 from __future__ import annotations
 
 import json
 import time
 from typing import Optional
 
-from pydantic import BaseModel
-
-from schemas import DoneEvent, ErrorEvent, RestartedEvent, StartedEvent, Timings, Usage, encode_event, keys
+from schemas import DoneEvent, ErrorEvent, RestartedEvent, StartedEvent, Timings, Usage, encode_event, keys, records
+from schemas import transitions
 
 from gpuworker.service.batch import Batch
 from gpuworker.service.context import WorkerContext
-from gpuworker.service.dlq import dead_letter
 from gpuworker.service.state import JobState
 
 
-def add_event(b: Batch, ctx: WorkerContext, job_id: str, event: BaseModel) -> None:
-    # Reply streams are bounded (MAXLEN ~); the job stream never is.
-    b.xadd(keys.reply(job_id), encode_event(event), maxlen=ctx.reply_maxlen, approximate=True)
+def reply_cap(ctx: WorkerContext, st: JobState) -> int:
+    """MAXLEN of a job's reply stream: never below what its attempts can write
+    (one delta per token plus started/restarted/done, per attempt), so nothing
+    a reader still needs is trimmed; the client sees a ``seq`` gap otherwise."""
+    per_attempt = st.job.sampling.max_tokens + 4
+    return max(ctx.reply_maxlen, per_attempt * (ctx.max_deliveries + 1) + 1)
 
 
-def add_delta(b: Batch, ctx: WorkerContext, st: JobState, text: str, token_ids: list, logprobs) -> None:
+def add_delta(b: Batch, ctx: WorkerContext, st: JobState, text: str, token_ids: list, logprobs,
+              prompt_logprobs=None) -> None:
     """The hot path: the same fields ``encode_event(DeltaEvent(...))`` writes,
-    serialised without building a pydantic model per token."""
+    serialised without building a pydantic model per token. Deltas are not
+    fenced: readers drop events of attempts they have left behind."""
     lps = None if logprobs is None else [{str(k): v for k, v in d.items()} for d in logprobs]
-    data = json.dumps({"attempt": st.attempt, "seq": st.next_seq(), "text": text, "token_ids": list(token_ids),
-                       "logprobs": lps}, ensure_ascii=False, separators=(",", ":"))
-    b.xadd(keys.reply(st.id), {"type": "delta", "data": data}, maxlen=ctx.reply_maxlen, approximate=True)
+    body = {"attempt": st.attempt, "seq": st.next_seq(), "text": text, "token_ids": list(token_ids), "logprobs": lps}
+    if prompt_logprobs is not None:  # once per attempt, with its first delta
+        body["prompt_token_ids"] = list(st.prompt_ids)
+        body["prompt_logprobs"] = [None if d is None else {str(k): v for k, v in d.items()} for d in prompt_logprobs]
+    data = json.dumps(body, ensure_ascii=False, separators=(",", ":"))
+    b.xadd(keys.reply(st.id), {"type": "delta", "data": data}, maxlen=reply_cap(ctx, st), approximate=True)
 
 
-def start(b: Batch, ctx: WorkerContext, st: JobState) -> None:
+def start(b: Batch, ctx: WorkerContext, st: JobState) -> int:
+    events = []
     if st.attempt > 1:
-        add_event(b, ctx, st.id, RestartedEvent(attempt=st.attempt, seq=st.next_seq(), reason="redelivered"))
-    add_event(b, ctx, st.id, StartedEvent(attempt=st.attempt, seq=st.next_seq(), worker=ctx.consumer))
-    b.hset(keys.job_info(st.id), mapping={
-        "status": "running", "worker": ctx.consumer, "attempt": st.attempt, "started_at": repr(st.received_at),
-        "model": st.job.model, "tenant": st.job.tenant or "",
-    })
-    b.expire(keys.reply(st.id), ctx.job_ttl)
-    b.expire(keys.job_info(st.id), ctx.job_ttl)
+        events.append(encode_event(RestartedEvent(attempt=st.attempt, seq=st.next_seq(), reason="redelivered")))
+    events.append(encode_event(StartedEvent(attempt=st.attempt, seq=st.next_seq(), worker=ctx.consumer)))
+    fields = records.info_running(ctx.consumer, st.attempt, st.received_at, st.job.model, st.job.tenant)
+    return transitions.start(b, model=ctx.model, entry_id=st.entry_id, consumer=ctx.consumer, attempt=st.attempt,
+                             job_id=st.id, events=events, fields=fields, live_ttl=ctx.live_ttl,
+                             reply_maxlen=reply_cap(ctx, st))
 
 
-def _close(b: Batch, ctx: WorkerContext, job_id: str, status: dict) -> None:
-    b.hset(keys.job_info(job_id), mapping={**status, "finished_at": repr(time.time())})
-    b.expire(keys.job_info(job_id), ctx.reply_ttl)
-    b.expire(keys.reply(job_id), ctx.reply_ttl)
-    b.delete(keys.cancel(job_id))
-
-
-def finish(b: Batch, ctx: WorkerContext, st: JobState, reason: str, usage: Usage, now: Optional[float] = None) -> DoneEvent:
+def finish(b: Batch, ctx: WorkerContext, st: JobState, reason: str, usage: Usage, now: Optional[float] = None) -> int:
     """``done`` event, final status, then ack + delete the job entry."""
     now = time.time() if now is None else now
     created = st.created
@@ -60,19 +60,24 @@ def finish(b: Batch, ctx: WorkerContext, st: JobState, reason: str, usage: Usage
             total=max(0.0, now - created),
         ),
     )
-    add_event(b, ctx, st.id, ev)
-    status = "cancelled" if (reason == "abort" and st.cancel_requested) else "done"
-    _close(b, ctx, st.id, {"status": status, "finish_reason": reason,
-                           "prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens})
-    b.xack(ctx.stream, ctx.group, st.entry_id)
-    b.xdel(ctx.stream, st.entry_id)
-    return ev
+    status = records.CANCELLED if (reason == "abort" and st.cancel_requested) else records.DONE
+    fields = {**records.info_done(status, reason, usage.prompt_tokens, usage.completion_tokens),
+              "finished_at": repr(now)}
+    return transitions.finish(b, model=ctx.model, entry_id=st.entry_id, consumer=ctx.consumer, attempt=st.attempt,
+                              job_id=st.id, event=encode_event(ev), fields=fields, ttl_after_done=ctx.reply_ttl,
+                              reply_maxlen=reply_cap(ctx, st))
 
 
 def fail(b: Batch, ctx: WorkerContext, *, entry_id: str, raw, job_id: Optional[str], attempt: int,
-         seq: int, code: str, message: str) -> None:
-    """``error`` event (when the job id is known), DLQ copy, ack + delete."""
-    if job_id:
-        add_event(b, ctx, job_id, ErrorEvent(attempt=attempt, seq=seq, code=code, message=message))
-        _close(b, ctx, job_id, {"status": "error", "error_code": code, "error_message": message[:1000]})
-    dead_letter(b, ctx, entry_id=entry_id, raw=raw, job_id=job_id or "", code=code, reason=message, attempts=attempt)
+         event_attempt: int, seq: int, code: str, message: str) -> int:
+    """``error`` event of ``event_attempt`` and final status (when the job id is
+    known), the dead letter, then ack + delete. ``attempt`` is the attempt this
+    worker holds (0 before it claimed one: only the entry is then checked)."""
+    error = encode_event(ErrorEvent(attempt=event_attempt, seq=seq, code=code, message=message))["data"]
+    fields = {**records.info_error(code, message), "finished_at": repr(time.time())}
+    dead = records.DeadLetter(job=raw, job_id=job_id or "", entry_id=entry_id, code=code, reason=message,
+                              attempts=event_attempt, worker=ctx.consumer, failed_at=time.time())
+    return transitions.fail(b, model=ctx.model, entry_id=entry_id, consumer=ctx.consumer, attempt=attempt,
+                            job_id=job_id, error_data=error, fields=fields,
+                            dead=dead.redacted() if ctx.dlq_redact else dead, dlq_maxlen=ctx.dlq_maxlen,
+                            ttl_after_done=ctx.reply_ttl, reply_maxlen=ctx.reply_maxlen)

@@ -8,59 +8,65 @@ from __future__ import annotations
 
 import os
 import socket
-from typing import Any, Optional
-from urllib.parse import urlparse
+from typing import Optional
 
-from pydantic import Field, SecretStr, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, model_validator
+from pydantic_settings import SettingsConfigDict
 
 from schemas import keys
+from schemas.connection import sync_client
+from schemas.policy import QueuePolicy
+
+from gpuworker.config import EngineConfig
 
 
-class WorkerSettings(BaseSettings):
+def _engine_default(knob: str):
+    # The engine owns its knobs' defaults; the worker only exposes them.
+    return EngineConfig.__dataclass_fields__[knob].default
+
+
+# Worker settings that are EngineConfig knobs of the same name: the one mapping
+# from settings to engine (see engine_config).
+ENGINE_KNOBS = ("attention_backend", "block_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len",
+                "num_kv_blocks", "dtype", "device")
+
+
+class WorkerSettings(QueuePolicy):
+    """Every knob of a worker. Each field is a flag (``--max-num-seqs``), an
+    environment variable (``INFERQ_MAX_NUM_SEQS``) and, for ENGINE_KNOBS, an
+    EngineConfig field; its description is the flag's help."""
+
     model_config = SettingsConfigDict(env_prefix="INFERQ_", extra="ignore")
 
-    # Redis
-    redis_url: str = "redis://127.0.0.1:6379/0"
-    redis_username: Optional[str] = None
-    redis_password: Optional[SecretStr] = None
-    redis_tls_ca_certs: Optional[str] = None
-    redis_tls_certfile: Optional[str] = None
-    redis_tls_keyfile: Optional[str] = None
-    redis_tls_insecure: bool = False
-
     # Model and engine
-    model: str = Field("", description="HF folder or .gguf file; empty = bundled SmolLM2-135M-Instruct.")
-    served_model_name: Optional[str] = Field(None, description="Queue name of the model; default: keys.DEFAULT_MODEL for the bundled model, else the folder/file name.")
-    attention_backend: Optional[str] = None
-    max_num_seqs: int = Field(64, ge=1)
-    max_num_batched_tokens: int = Field(2048, ge=1)
-    num_kv_blocks: Optional[int] = Field(None, ge=1)
-    block_size: int = 16
-    max_model_len: Optional[int] = Field(None, ge=2)
-    device: Optional[str] = None
-    dtype: Optional[str] = None
+    model: str = Field("", description="HF folder or .gguf file; empty for the bundled SmolLM2-135M-Instruct")
+    served_model_name: Optional[str] = Field(None, description="queue/model name jobs use (default: the bundled model's name, else the folder/file name)")
+    attention_backend: Optional[str] = Field(_engine_default("attention_backend"), description="torch | triton (default: triton on CUDA, torch on CPU)")
+    max_num_seqs: int = Field(_engine_default("max_num_seqs"), ge=1, description="most jobs in the engine at once (also the intake capacity)")
+    max_num_batched_tokens: int = Field(_engine_default("max_num_batched_tokens"), ge=1, description="token budget of one engine step")
+    num_kv_blocks: Optional[int] = Field(_engine_default("num_kv_blocks"), ge=1, description="KV cache blocks (default: sized from memory)")
+    block_size: int = Field(_engine_default("block_size"), description="tokens per KV block")
+    max_model_len: Optional[int] = Field(_engine_default("max_model_len"), ge=2, description="cap on prompt + output tokens")
+    device: Optional[str] = Field(_engine_default("device"), description="cpu | cuda | cuda:N")
+    dtype: Optional[str] = Field(_engine_default("dtype"), description="auto (default: bfloat16 on CUDA or a CPU with AVX512-BF16/AMX, else float32) | float32 | bfloat16 | float16")
 
     # Queue behaviour
-    worker_id: str = Field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
-    lease_seconds: float = Field(10.0, gt=0.0, description="Reaper claims entries idle for 3 leases.")
-    max_deliveries: int = Field(5, ge=1, description="Deliveries before a job goes to the DLQ.")
-    drain_timeout: float = Field(30.0, ge=0.0)
-    reply_ttl: int = Field(3600, ge=1, description="Seconds a reply stream lives after done/error.")
-    reply_maxlen: int = Field(20_000, ge=100)
-    block_ms: int = Field(1000, ge=10, description="XREADGROUP BLOCK; must stay under the socket timeout.")
-    socket_timeout: float = Field(30.0, gt=1.0)
-    coalesce_deltas: bool = Field(False, description="Merge a job's deltas within one publish round trip.")
-    max_flush_steps: int = Field(8, ge=1, description="Engine steps merged into one pipeline when the publisher lags.")
+    worker_id: str = Field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}", description="stable consumer name (default host-pid)")
+    block_ms: int = Field(1000, ge=10, description="XREADGROUP BLOCK in ms; must stay under the socket timeout")
+    coalesce_deltas: bool = Field(False, description="merge a job's deltas within one publish round trip (large batches)")
+    max_flush_steps: int = Field(8, ge=1, description="engine steps merged into one pipeline when the publisher lags")
 
-    check_invariants: bool = Field(False, description="Verify the KV block pool after aborts and when idle (tests, debugging).")
+    check_invariants: bool = Field(False, description="verify the KV block pool after aborts and when idle (debugging)")
+    # Test aid, off by default: tests that need a job to still be running at some
+    # point (a deadline, a drain timeout) pace the engine instead of assuming a slow machine.
+    step_pace_s: float = Field(0.0, ge=0.0, le=10.0, description="test aid: sleep this long after every engine step (0 = off)")
 
     # Observability
-    metrics_port: int = Field(0, ge=0, le=65535, description="0 = no metrics server.")
-    metrics_addr: str = "0.0.0.0"
-    log_level: str = "info"
-    log_json: bool = True
-    log_prompts: bool = False
+    metrics_port: int = Field(0, ge=0, le=65535, description="Prometheus port (0 = off)")
+    metrics_addr: str = Field("0.0.0.0", description="Prometheus bind address")
+    log_level: str = Field("info", description="debug | info | warning | error")
+    log_json: bool = Field(True, description="JSON log lines (default) or console")
+    log_prompts: bool = Field(False, description="include prompts in logs (off by default)")
 
     @model_validator(mode="after")
     def _block_below_socket_timeout(self):
@@ -70,12 +76,12 @@ class WorkerSettings(BaseSettings):
 
     @property
     def model_name(self) -> str:
-        if self.served_model_name:
-            return self.served_model_name
-        if not self.model:
-            return keys.DEFAULT_MODEL
-        base = os.path.basename(os.path.normpath(self.model))
-        return base[:-5] if base.endswith(".gguf") else base
+        return self.served_model_name or keys.served_name(self.model)
+
+    def engine_config(self) -> EngineConfig:
+        # Jobs carry a priority; equal priorities are served first come, first served.
+        return EngineConfig(model=self.model or None, served_model_name=self.model_name, scheduling_policy="priority",
+                            **{k: getattr(self, k) for k in ENGINE_KNOBS})
 
     @property
     def consumer_name(self) -> str:
@@ -83,35 +89,9 @@ class WorkerSettings(BaseSettings):
         # re-reads its own pending entries first.
         return self.worker_id
 
-    def redis_kwargs(self) -> dict[str, Any]:
-        kw: dict[str, Any] = {
-            "socket_timeout": self.socket_timeout,
-            "socket_connect_timeout": 5.0,
-            "health_check_interval": 30,
-        }
-        if self.redis_username:
-            kw["username"] = self.redis_username
-        if self.redis_password is not None:
-            kw["password"] = self.redis_password.get_secret_value()
-        if urlparse(self.redis_url).scheme == "rediss":
-            for src, dst in (("redis_tls_ca_certs", "ssl_ca_certs"), ("redis_tls_certfile", "ssl_certfile"),
-                             ("redis_tls_keyfile", "ssl_keyfile")):
-                if getattr(self, src):
-                    kw[dst] = getattr(self, src)
-            if self.redis_tls_insecure:
-                kw["ssl_cert_reqs"] = "none"
-                kw["ssl_check_hostname"] = False
-        return kw
-
     def redis(self):
-        import redis
-
-        return redis.Redis.from_url(self.redis_url, **self.redis_kwargs())
+        return sync_client(self)
 
     def safe_dump(self) -> dict:
         """For logs and the config metric: no secrets, no URL password."""
-        d = self.model_dump(exclude={"redis_password"})
-        u = urlparse(self.redis_url)
-        if u.password:
-            d["redis_url"] = self.redis_url.replace(f":{u.password}@", ":***@")
-        return d
+        return {**self.model_dump(exclude={"redis_password"}), "redis_url": self.safe_url()}

@@ -1,6 +1,21 @@
-"""What the worker knows about each job it holds, shared by its threads."""
+"""What the worker knows about each job it holds, shared by its threads.
+
+A held job's lifecycle is one ``Phase``, changed only through JobState's
+methods (each a compare-and-set, so two threads cannot both win):
+
+  ACTIVE     set by the intake when it starts the job
+  FINISHING  by the publisher, when it writes the job's final pipeline
+             (done, error, DLQ, or the end of an attempt that will be retried)
+  DROPPED    by the lease keeper (the lease was lost: another worker owns it)
+             or the publisher (the drain gave up on it); nothing more is written
+
+``cancel_requested`` is not a phase: it records that the client asked to
+cancel (seen by the intake or the publisher) so the job's status says
+``cancelled`` rather than a plain abort.
+"""
 from __future__ import annotations
 
+import enum
 import math
 import threading
 import time
@@ -8,6 +23,14 @@ from dataclasses import dataclass, field
 from typing import Any, Optional, Union
 
 from schemas.job import Job
+
+_phase_lock = threading.Lock()  # transitions are rare: one lock for all jobs is enough
+
+
+class Phase(enum.Enum):
+    ACTIVE = "active"
+    FINISHING = "finishing"
+    DROPPED = "dropped"
 
 
 @dataclass
@@ -23,8 +46,7 @@ class JobState:
     first_token_at: Optional[float] = None
     last_token_at: Optional[float] = None
     cancel_requested: bool = False
-    finishing: bool = False  # its final pipeline is being written
-    dropped: bool = False  # another worker owns it now (lease lost) or drain ended
+    phase: Phase = Phase.ACTIVE
     # After an engine fault: "suspect" (was in the failing step), "culprit" (the
     # step failed while it was the job on probation); "" otherwise.
     suspect: str = ""
@@ -38,6 +60,29 @@ class JobState:
         """Submit time, trusted only if it is sane (payloads can be hand-made)."""
         c = self.job.created_at
         return c if math.isfinite(c) and c <= self.received_at + 60 else self.received_at
+
+    @property
+    def is_active(self) -> bool:
+        return self.phase is Phase.ACTIVE
+
+    @property
+    def is_dropped(self) -> bool:
+        return self.phase is Phase.DROPPED
+
+    def begin_finish(self) -> bool:
+        """ACTIVE -> FINISHING (publisher). False if it already left ACTIVE."""
+        return self._move(Phase.FINISHING)
+
+    def drop(self) -> bool:
+        """ACTIVE -> DROPPED (lease keeper, publisher). False if it already left ACTIVE."""
+        return self._move(Phase.DROPPED)
+
+    def _move(self, to: Phase) -> bool:
+        with _phase_lock:
+            if self.phase is not Phase.ACTIVE:
+                return False
+            self.phase = to
+            return True
 
     def next_seq(self) -> int:
         s = self.seq
@@ -85,13 +130,3 @@ class InFlight:
             if len(self._jobs) >= self.capacity:
                 self._cond.wait(timeout)
             return max(0, self.capacity - len(self._jobs))
-
-    def wait_empty(self, timeout: float) -> bool:
-        end = time.monotonic() + timeout
-        with self._cond:
-            while self._jobs:
-                left = end - time.monotonic()
-                if left <= 0:
-                    return False
-                self._cond.wait(left)
-            return True

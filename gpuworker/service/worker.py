@@ -7,12 +7,15 @@ import queue
 import signal
 import threading
 import time
-from typing import Optional
+
+from schemas.redis_checks import queue_warnings
+from schemas.text import as_str
 
 from gpuworker.logging import get_logger
 from gpuworker.metrics import WorkerMetrics
 from gpuworker.service.context import WorkerContext
 from gpuworker.service.engine_loop import EngineLoop
+from gpuworker.service.identity import WorkerIdentity
 from gpuworker.service.intake import Intake
 from gpuworker.service.lease import LeaseKeeper
 from gpuworker.service.prompts import PromptBuilder
@@ -22,22 +25,9 @@ from gpuworker.service.state import InFlight
 
 
 def build_engine(s: WorkerSettings):
-    from gpuworker.config import EngineConfig
     from gpuworker.engine.llm_engine import LLMEngine
 
-    return LLMEngine(EngineConfig(
-        model=s.model or None,
-        served_model_name=s.model_name,
-        attention_backend=s.attention_backend,
-        block_size=s.block_size,
-        max_num_seqs=s.max_num_seqs,
-        max_num_batched_tokens=s.max_num_batched_tokens,
-        max_model_len=s.max_model_len,
-        num_kv_blocks=s.num_kv_blocks,
-        scheduling_policy="priority",  # jobs carry a priority; equal priorities are FCFS
-        dtype=s.dtype,
-        device=s.device,
-    ))
+    return LLMEngine(s.engine_config())
 
 
 class Worker:
@@ -50,8 +40,12 @@ class Worker:
             lease_seconds=settings.lease_seconds,
             max_deliveries=settings.max_deliveries,
             reply_ttl=settings.reply_ttl,
+            live_ttl=settings.live_ttl,
             reply_maxlen=settings.reply_maxlen,
             log_prompts=settings.log_prompts,
+            dlq_maxlen=settings.dlq_maxlen,
+            dlq_max_age_s=settings.dlq_max_age_s,
+            dlq_redact=settings.dlq_payload == "redact",
         )
         self.r = settings.redis()
         self.engine = engine
@@ -66,6 +60,11 @@ class Worker:
     # -- lifecycle -------------------------------------------------------------
     def start(self) -> None:
         self.r.ping()  # fail fast on a wrong URL or password, before loading a model
+        # One live process per worker id (raises WorkerIdInUse), before loading a model too.
+        self.identity = WorkerIdentity(self.ctx.model, self.ctx.consumer, ttl_s=3 * self.s.lease_seconds)
+        self.identity.acquire(self.r)
+        for warning in queue_warnings(self.r):
+            self.log.warning("redis_config_unsafe_for_a_queue", advice=warning)
         if self.engine is None:
             t0 = time.time()
             self.engine = build_engine(self.s)
@@ -78,6 +77,7 @@ class Worker:
             "max_model_len": str(eng.max_model_len), "attention_backend": str(getattr(eng.backend, "name", self.s.attention_backend)),
             "lease_seconds": str(self.s.lease_seconds), "max_deliveries": str(self.s.max_deliveries),
             "dtype": str(getattr(eng, "dtype", "")).removeprefix("torch."),
+            "eos_token_ids": ",".join(str(i) for i in eng.eos_token_ids),
         })
         self.inflight = InFlight(self.s.max_num_seqs)
         self.to_engine: queue.Queue = queue.Queue()
@@ -86,12 +86,14 @@ class Worker:
         self.intake = Intake(self.ctx, self.r, self.inflight, prompts, self.to_engine, self.to_publisher,
                              self.metrics, self.log, self.s.block_ms, self.stop_reading)
         self.engine_loop = EngineLoop(eng, self.to_engine, self.to_publisher, self.inflight, self.metrics, self.log,
-                                      rebuild=lambda: build_engine(self.s), check_invariants=self.s.check_invariants)
+                                      rebuild=lambda: build_engine(self.s), check_invariants=self.s.check_invariants,
+                                      step_pace_s=self.s.step_pace_s)
         self.publisher = Publisher(self.ctx, self.r, self.inflight, self.to_publisher, self.to_engine,
                                    self.intake.requeue, self.metrics, self.log, coalesce=self.s.coalesce_deltas,
                                    max_flush_steps=self.s.max_flush_steps, give_up=self.hard_stop.is_set)
         self.lease = LeaseKeeper(self.ctx, self.r, self.inflight, self.intake.requeue, self.to_engine, self.metrics,
-                                 self.log, self.stop_lease, reap=lambda: self.intake.caught_up.is_set() and not self.stop_reading.is_set())
+                                 self.log, self.stop_lease, reap=lambda: self.intake.caught_up.is_set() and not self.stop_reading.is_set(),
+                                 identity=self.identity, on_identity_lost=self.request_stop)
         self.intake.ensure_group()  # before the lease thread's first XAUTOCLAIM
         self.lease.heartbeat()
         self._metrics_server = self.metrics.serve(self.s.metrics_port, self.s.metrics_addr)
@@ -144,10 +146,11 @@ class Worker:
                 eid, _, _ = self.intake.local.get_nowait()
             except queue.Empty:
                 break
-            left.append(eid.decode() if isinstance(eid, bytes) else str(eid))
+            left.append(as_str(eid))
         try:
             self.lease.release(left)
             self.lease.leave()
+            self.identity.release(self.r)
         except Exception as e:
             self.log.warning("release_failed", error=str(e))
         if self._metrics_server is not None:

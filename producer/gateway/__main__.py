@@ -1,7 +1,15 @@
 """`python -m producer.gateway [--host H] [--port P]` (same as `inferq gateway`)."""
+import argparse
 import sys
 
-from producer.cli import main
+from producer.gateway.cli import add_arguments, run
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m producer.gateway", description="Run the inferq HTTP gateway.")
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
 
 if __name__ == "__main__":
-    sys.exit(main(["gateway", *sys.argv[1:]]))
+    sys.exit(main())

@@ -6,24 +6,22 @@ import time
 from typing import AsyncIterator, Optional
 
 import anyio
-import redis.exceptions as redis
 
-from schemas import Job, decode_event, keys
-from producer.admission import ADMISSION_LUA, Admitted, interpret, script_args, script_keys
-from producer.queue_stats import ModelQueueStats, all_stats, model_of
-from producer.settings import ProducerSettings, async_client, sync_client
-
-from producer.gateway.assemble import Assembly
-
-
-def _s(v) -> str:
-    return v.decode("utf-8") if isinstance(v, bytes) else str(v)
+from schemas import Job, decode_event, keys, records, transitions
+from schemas.connection import async_client, sync_client
+from schemas.fold import Assembly
+from schemas.follower import Follow, afollow
+from schemas.text import as_str
+from producer.admission import ADMISSION_LUA, Admitted, aadmit
+from producer.errors import JobNotFound
+from producer.queue_stats import ModelQueueStats, all_stats
+from producer.settings import ProducerSettings
 
 
 class Backend:
-    def __init__(self, settings: ProducerSettings):
+    def __init__(self, settings: ProducerSettings, max_connections: Optional[int] = None):
         self.settings = settings
-        self.redis = async_client(settings)
+        self.redis = async_client(settings, max_connections=max_connections)
         self._admit = self.redis.register_script(ADMISSION_LUA)
         self._models_cache: tuple[float, list[str]] = (0.0, [])
         self.outage_tolerance_s = 30.0
@@ -39,55 +37,33 @@ class Backend:
 
     # -- jobs -----------------------------------------------------------
     async def submit(self, job: Job, idempotency_key: Optional[str] = None) -> Admitted:
-        """Admission + enqueue in one Lua step; raises QueueFull / RateLimited."""
-        reply = await self._admit(keys=script_keys(job, idempotency_key),
-                                  args=script_args(job, idempotency_key, self.settings))
-        return interpret(reply, job, self.settings)
+        """Admission + enqueue in one Lua step; raises QueueFull / RateLimited / QueueUnavailable."""
+        return await aadmit(self.redis, self._admit, job, idempotency_key, self.settings)
 
-    async def info(self, job_id: str) -> Optional[dict[str, str]]:
+    async def info(self, job_id: str) -> Optional[dict]:
         raw = await self.redis.hgetall(keys.job_info(job_id))
         if not raw:
             # The info hash may have expired while the reply stream lives on.
             if not await self.redis.exists(keys.reply(job_id)):
                 return None
             return {}
-        return {_s(k): _s(v) for k, v in raw.items()}
+        return records.parse_info(raw)
 
     async def cancel(self, job_id: str) -> None:
-        # The worker checks this key once per step (and at intake); the TTL
-        # outlives any job so a late intake still sees it.
-        await self.redis.set(keys.cancel(job_id), "1", ex=self.settings.reply_ttl)
+        # The worker checks the flag once per step (and at intake); its TTL
+        # outlives any waiting job so a late intake still sees it.
+        await transitions.request_cancel(self.redis, job_id=job_id, ttl=self.settings.live_ttl)
 
     async def events(self, job_id: str, last_id: str = "0-0", block_ms: int = 1000,
                      count: int = 256) -> AsyncIterator[tuple[Optional[str], object]]:
         """Yield (entry id, event) from ``last_id`` on; (None, None) after each
         idle ``block_ms`` so callers can send keepalives and notice disconnects.
-        Ends after the terminal event."""
-        stream = keys.reply(job_id)
-        outage_since: Optional[float] = None
-        while True:
-            try:
-                got = await self.redis.xread({stream: last_id}, count=count, block=block_ms)
-                outage_since = None
-            except (redis.ConnectionError, redis.TimeoutError):
-                # A Redis restart (AOF keeps the reply stream): retry from the last
-                # id seen for a while, so open streams survive the blip.
-                now = time.monotonic()
-                outage_since = outage_since or now
-                if now - outage_since > self.outage_tolerance_s:
-                    raise
-                await anyio.sleep(0.5)
-                yield None, None
-                continue
-            if not got:
-                yield None, None
-                continue
-            for entry_id, fields in got[0][1]:
-                last_id = _s(entry_id)
-                event = decode_event(fields)
-                yield last_id, event
-                if event.type in ("done", "error"):
-                    return
+        Every event is yielded (the fold filters); the read ends only on the
+        final event of the attempt the follower accepts."""
+        plan = Follow(job_id, block_ms=block_ms, count=count, raw=True, keepalive=True,
+                      reconnect_timeout=self.outage_tolerance_s, missing=lambda: JobNotFound(job_id))
+        async for item in afollow(self.redis, keys.reply(job_id), plan, last_id):
+            yield item
 
     async def history(self, job_id: str) -> Assembly:
         asm = Assembly()
@@ -107,9 +83,9 @@ class Backend:
         if time.monotonic() - at < max_age_s:
             return models
         found = set()
-        for pattern in (f"{keys.PREFIX}:workers:*", f"{keys.PREFIX}:jobs:*"):
-            async for key in self.redis.scan_iter(match=pattern, count=500):
-                m = model_of(_s(key))
+        for kind in ("workers", "jobs"):
+            async for key in self.redis.scan_iter(match=keys.pattern(kind), count=500):
+                m = keys.tag_of(as_str(key))
                 if m:
                     found.add(m)
         models = sorted(found)

@@ -37,6 +37,17 @@ class GatewaySettings(BaseSettings):
     models: str = ""
     # SSE comment sent when a stream is idle, so proxies keep the connection.
     keepalive_s: float = Field(15.0, gt=0)
+    # Secure by default: a gateway reachable from other machines must have API
+    # keys. ``published_on`` is the address clients reach it on when that is not
+    # ``host`` (a container binds 0.0.0.0; compose publishes it on GATEWAY_BIND).
+    published_on: str = ""
+    allow_no_auth: bool = Field(False, description="Serve other machines without API keys (not recommended).")
+    # Requests holding a reply-stream reader (generation, job events) at once.
+    max_streams: int = Field(1024, ge=1)
+    max_streams_per_tenant: int = Field(128, ge=1)
+    # Prometheus metrics on a separate port kept off the public one (0 = on the main port).
+    metrics_port: int = Field(0, ge=0, le=65535)
+    metrics_host: str = "127.0.0.1"
 
 
 @dataclass(frozen=True)
@@ -61,6 +72,27 @@ def parse_api_keys(settings: GatewaySettings) -> dict[str, Principal]:
             raise ValueError("an API key entry has an empty key")
         keys[key] = Principal(tenant=tenant or None)
     return keys
+
+
+def _loopback(host: str) -> bool:
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a host name: may be reachable from anywhere
+
+
+def check_exposure(settings: GatewaySettings, keys: dict[str, Principal]) -> None:
+    """Refuse to serve other machines without authentication (unless told to)."""
+    exposed = settings.published_on or settings.host
+    if keys or settings.allow_no_auth or _loopback(exposed):
+        return
+    raise ValueError(f"the gateway would serve {exposed} without API keys: set INFERQ_GATEWAY_API_KEYS (or "
+                     "--api-keys), bind/publish on 127.0.0.1, or set INFERQ_GATEWAY_ALLOW_NO_AUTH=true to accept "
+                     "unauthenticated requests from other machines")
 
 
 def allowed_models(settings: GatewaySettings) -> list[str]:

@@ -14,6 +14,9 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from schemas.fold import ReplyGap
+from producer.errors import JobNotFound
+
 _TYPE_BY_STATUS = {
     400: "invalid_request_error",
     401: "authentication_error",
@@ -69,6 +72,17 @@ def _describe_validation(exc: RequestValidationError) -> tuple[str, Optional[str
     return "; ".join(parts) or "invalid request", first_param
 
 
+def job_expired_error(e: Exception) -> APIError:
+    # The job's records expired (or were deleted) while a client was reading.
+    return APIError(410, str(e), code="job_expired")
+
+
+def reply_gap_error(e: Exception) -> APIError:
+    # The job's output was lost in Redis (trimmed or not persisted): an upstream
+    # failure, never silently short text.
+    return APIError(502, str(e), code="reply_stream_gap")
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError):
@@ -93,6 +107,14 @@ def install_error_handlers(app: FastAPI) -> None:
         # A Redis outage is temporary: tell clients to retry, not that we are broken.
         return error_response(APIError(503, "the queue (Redis) is unreachable; retry shortly",
                                        code="redis_unavailable", headers={"Retry-After": "2"}))
+
+    @app.exception_handler(JobNotFound)
+    async def _expired(request: Request, exc: JobNotFound):
+        return error_response(job_expired_error(exc))
+
+    @app.exception_handler(ReplyGap)
+    async def _gap(request: Request, exc: ReplyGap):
+        return error_response(reply_gap_error(exc))
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception):

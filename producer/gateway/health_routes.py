@@ -1,4 +1,5 @@
-"""/health (Redis reachable, live workers per model) and /metrics."""
+"""/health (liveness: Redis reachable, live workers per model), /ready (readiness:
+at least one live worker serves a model) and /metrics."""
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
@@ -9,6 +10,8 @@ from producer.gateway.config import allowed_models
 from producer.gateway.runner import ctx_of
 
 router = APIRouter()
+# Its own router: served on the main port, or alone on GatewaySettings.metrics_port.
+metrics_router = APIRouter()
 
 
 @router.get("/health")
@@ -22,7 +25,29 @@ async def health(request: Request):
     return {"status": "ok" if serving else "no_workers", "redis": True, "models": models}
 
 
-@router.get("/metrics")
+@router.get("/ready")
+async def ready(request: Request):
+    """Readiness: 200 only once a live worker serves a model this gateway offers,
+    so `inferq up`, compose and Kubernetes route traffic only when a request can
+    actually be served; 503 with the reason (and Retry-After) until then."""
+    ctx = ctx_of(request)
+    if not await ctx.backend.ping():
+        return _not_ready("the queue (Redis) is unreachable", {})
+    allow = allowed_models(ctx.settings)
+    names = allow or await ctx.backend.known_models(max_age_s=0)
+    models = {m: {"live_workers": await ctx.backend.live_worker_count(m)} for m in names}
+    if not any(v["live_workers"] > 0 for v in models.values()):
+        offered = ", ".join(names) or "no model registered yet"
+        return _not_ready(f"no live worker serves a model yet ({offered})", models)
+    return {"status": "ready", "models": models}
+
+
+def _not_ready(reason: str, models: dict) -> JSONResponse:
+    return JSONResponse({"status": "not_ready", "reason": reason, "models": models}, status_code=503,
+                        headers={"Retry-After": "2"})
+
+
+@metrics_router.get("/metrics")
 async def metrics(request: Request):
     ctx = ctx_of(request)
     try:

@@ -13,8 +13,11 @@ from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from schemas import SamplingParams, keys
+from schemas import SamplingParams, keys, records
 from schemas.events import TERMINAL_TYPES
+from schemas.fold import ReplyGap
+from schemas.text import as_str
+from producer.errors import JobNotFound
 from producer.gateway import sse
 from producer.gateway.auth import authenticate, can_access
 from producer.gateway.config import Principal
@@ -42,7 +45,7 @@ class JobRequest(BaseModel):
     metadata: dict[str, Any] = Field(default_factory=dict)
 
 
-async def _owned_job(ctx: Context, principal: Principal, job_id: str) -> dict[str, str]:
+async def _owned_job(ctx: Context, principal: Principal, job_id: str) -> dict:
     """The job's info hash, or 404 (also for another tenant's job: no leaking ids)."""
     info = await ctx.backend.info(job_id)
     if info is None or not can_access(principal, info.get("tenant") or None):
@@ -69,10 +72,11 @@ async def submit_job(req: JobRequest, request: Request, principal: Principal = D
     job = make_job(model=model, prompt=req.prompt, messages=messages, prompt_token_ids=req.prompt_token_ids,
                    sampling=sampling, priority=req.priority, deadline=deadline, tenant=principal.tenant,
                    metadata=req.metadata)
-    job_id = await admit(ctx, job, req.idempotency_key)
+    adm = await admit(ctx, job, req.idempotency_key)
     ctx.metrics.jobs_submitted.labels(route="jobs").inc()
-    return JSONResponse({"id": job_id, "object": "job", "status": "queued", "model": model,
-                         "duplicate": job_id != job.id, "events_url": f"/v1/jobs/{job_id}/events"},
+    # A duplicate answers with the earlier job and its real status (it may be done).
+    return JSONResponse({"id": adm.job_id, "object": "job", "status": adm.status, "model": model,
+                         "duplicate": adm.duplicate, "events_url": f"/v1/jobs/{adm.job_id}/events"},
                         status_code=202)
 
 
@@ -82,7 +86,7 @@ async def get_job(job_id: str, request: Request, principal: Principal = Depends(
     info = await _owned_job(ctx, principal, job_id)
     asm = await ctx.backend.history(job_id)
     recorded = info.get("status")
-    if recorded in ("done", "error", "cancelled"):
+    if recorded in records.FINAL_STATUSES:
         status = recorded  # the worker's own verdict (it knows a cancel from a plain abort)
     elif asm.error_code is not None:
         status = "error"
@@ -116,13 +120,15 @@ async def job_events(job_id: str, request: Request, principal: Principal = Depen
     # Each part of a stream id is a 64-bit number; Redis refuses bigger ones mid-stream.
     if not re.fullmatch(_ENTRY_ID, start) or any(int(part) >= 2**64 for part in start.split("-")):
         raise bad_request(f"Last-Event-ID must be a reply entry id like '1700000000000-0', got {start!r}")
-    # Already past the terminal event: nothing more will ever come.
     last = await ctx.backend.redis.xrevrange(keys.reply(job_id), count=1)
     if last:
-        last_id = last[0][0].decode() if isinstance(last[0][0], bytes) else last[0][0]
-        last_type = last[0][1].get(b"type", last[0][1].get("type"))
-        last_type = last_type.decode() if isinstance(last_type, bytes) else last_type
-        if last_type in TERMINAL_TYPES and _id_le(last_id, start):
+        last_id = as_str(last[0][0])
+        last_type = as_str(last[0][1].get(b"type", last[0][1].get("type", "")))
+        if not _id_le(start, last_id):
+            # No client was ever sent this id: waiting after it could outlast the job.
+            raise bad_request(f"Last-Event-ID {start} is after this job's last event ({last_id})")
+        if last_type in TERMINAL_TYPES and start == last_id:
+            # Already past the terminal event: nothing more will ever come.
             return StreamingResponse(iter(()), media_type="text/event-stream", headers=sse.SSE_HEADERS)
     return StreamingResponse(_events(ctx, job_id, start), media_type="text/event-stream", headers=sse.SSE_HEADERS)
 
@@ -135,11 +141,17 @@ def _id_le(a: str, b: str) -> bool:
 async def _events(ctx: Context, job_id: str, start: str):
     last_sent = time.monotonic()
     yield "retry: 1000\n\n"
-    async for entry_id, event in ctx.backend.events(job_id, start):
-        if event is None:
-            if time.monotonic() - last_sent >= ctx.settings.keepalive_s:
-                last_sent = time.monotonic()
-                yield sse.KEEPALIVE
-            continue
-        last_sent = time.monotonic()
-        yield sse.event(event.model_dump(mode="json"), event_id=entry_id, name=event.type)
+    try:
+        async for entry_id, event in ctx.backend.events(job_id, start):
+            if event is None:
+                if time.monotonic() - last_sent >= ctx.settings.keepalive_s:
+                    last_sent = time.monotonic()
+                    yield sse.KEEPALIVE
+                continue
+            last_sent = time.monotonic()
+            yield sse.event(event.model_dump(mode="json"), event_id=entry_id, name=event.type)
+    except (JobNotFound, ReplyGap) as e:
+        # Said in the stream (its 200 head is gone already): the job's records
+        # expired, or events it needs were lost.
+        code = "job_expired" if isinstance(e, JobNotFound) else "reply_stream_gap"
+        yield sse.event({"code": code, "message": str(e)}, name="error")

@@ -10,7 +10,13 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 # vLLM's TTFT buckets (seconds).
 _TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
                  20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
-_JOB_PATH = re.compile(r"^/v1/jobs/[^/]+")
+# Label values are templates, never raw paths or methods: a caller must not be
+# able to create series by inventing URLs or HTTP verbs.
+_ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/v1/jobs", "/health", "/ready", "/metrics")
+_TEMPLATES = ((re.compile(r"^/v1/jobs/[^/]+$"), "/v1/jobs/{id}"),
+              (re.compile(r"^/v1/jobs/[^/]+/events$"), "/v1/jobs/{id}/events"),
+              (re.compile(r"^/v1/models/[^/]+$"), "/v1/models/{model}"))
+_METHODS = frozenset({"GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"})
 
 
 class GatewayMetrics:
@@ -53,10 +59,20 @@ class GatewayMetrics:
 
 
 def route_label(path: str) -> str:
-    if path.startswith("/v1/jobs/"):
-        return _JOB_PATH.sub("/v1/jobs/{id}", path)
-    return path if path in ("/v1/completions", "/v1/chat/completions", "/v1/models", "/v1/jobs",
-                            "/health", "/metrics") else "other"
+    if path in _ROUTES:
+        return path
+    for pattern, template in _TEMPLATES:
+        if pattern.match(path):
+            return template
+    return "other"
+
+
+def method_label(method: str) -> str:
+    return method if method in _METHODS else "other"
+
+
+def status_label(status: int) -> str:
+    return str(status) if 100 <= status <= 599 else "other"
 
 
 class RequestMetrics:
@@ -74,7 +90,8 @@ class RequestMetrics:
 
         async def timed_send(message):
             if message["type"] == "http.response.start":
-                self.metrics.requests.labels(route, scope.get("method", ""), str(message["status"])).inc()
+                self.metrics.requests.labels(route, method_label(scope.get("method", "")),
+                                             status_label(int(message["status"]))).inc()
                 self.metrics.latency.labels(route).observe(time.monotonic() - start)
             await send(message)
 

@@ -8,16 +8,28 @@ from __future__ import annotations
 import time
 from typing import Optional
 
-from producer.gateway.assemble import Assembly, Piece
+from schemas.fold import Assembly, Piece
 
 
 def token_name(token_id: int) -> str:
     return f"token_id:{token_id}"
 
 
+# JSON has no -Infinity: a token a processed distribution masks reports this (as vLLM does).
+_LOGPROB_FLOOR = -9999.0
+
+
+def _lp(v) -> float:
+    return max(float(v), _LOGPROB_FLOOR)
+
+
 def _top(entry: dict, n: int) -> list[tuple[int, float]]:
-    items = sorted(((int(k), float(v)) for k, v in entry.items()), key=lambda kv: -kv[1])
+    items = sorted(((int(k), _lp(v)) for k, v in entry.items()), key=lambda kv: -kv[1])
     return items[:n]
+
+
+def _chosen(entry: dict, tid: int) -> float:
+    return _lp(entry.get(tid, entry.get(str(tid), 0.0)))
 
 
 def usage_body(usage: Optional[dict]) -> dict:
@@ -36,25 +48,70 @@ def completion_logprobs(token_ids: list[int], logprobs: Optional[list[dict]], n:
     tokens, chosen, tops, offsets = [], [], [], []
     for tid, entry in zip(token_ids, logprobs):
         tokens.append(token_name(tid))
-        chosen.append(float(entry.get(tid, entry.get(str(tid), 0.0))))
+        chosen.append(_chosen(entry, tid))
         tops.append({token_name(k): v for k, v in _top(entry, n)})
         offsets.append(text_offset)
     return {"tokens": tokens, "token_logprobs": chosen, "top_logprobs": tops, "text_offset": offsets}
 
 
-def completion_response(job_id: str, model: str, asm: Assembly, prefix: str, logprobs_n: Optional[int]) -> dict:
+def echo_logprobs(asm: Assembly, n: int) -> Optional[dict]:
+    """``logprobs`` of an echoed prompt (OpenAI legacy completions, ``echo`` with
+    ``logprobs``): the first token has none (null), the rest their prompt logprobs."""
+    if asm.prompt_logprobs is None or asm.prompt_token_ids is None:
+        return None
+    tokens, chosen, tops = [], [], []
+    for tid, entry in zip(asm.prompt_token_ids, asm.prompt_logprobs):
+        tokens.append(token_name(tid))
+        chosen.append(None if entry is None else _chosen(entry, tid))
+        tops.append(None if entry is None else {token_name(k): v for k, v in _top(entry, n)})
+    return {"tokens": tokens, "token_logprobs": chosen, "top_logprobs": tops, "text_offset": [0] * len(tokens)}
+
+
+def join_logprobs(first: Optional[dict], second: Optional[dict]) -> Optional[dict]:
+    if first is None or second is None:
+        return second if first is None else first
+    return {k: first[k] + second[k] for k in first}
+
+
+def prompt_logprobs_body(asm: Assembly, n: int) -> Optional[list]:
+    """vLLM's ``prompt_logprobs``: per prompt token None (the first) or
+    {token id: {logprob, rank, decoded_token}} for the top ``n`` (rank 1..n)
+    plus the actual token (rank null when it is not among them)."""
+    if asm.prompt_logprobs is None or asm.prompt_token_ids is None:
+        return None
+    body: list = []
+    for entry in asm.prompt_logprobs:
+        if entry is None:
+            body.append(None)
+            continue
+        ranked = _top(entry, len(entry))
+        body.append({
+            str(k): {"logprob": v, "rank": i + 1 if i < n else None, "decoded_token": token_name(k)}
+            for i, (k, v) in enumerate(ranked)
+        })
+    return body
+
+
+def completion_response(job_id: str, model: str, asm: Assembly, prefix: str, logprobs_n: Optional[int],
+                        echo: bool = False, prompt_logprobs_n: Optional[int] = None) -> dict:
+    output_lps = completion_logprobs(asm.token_ids, asm.logprobs if logprobs_n is not None else None,
+                                     logprobs_n or 0, len(prefix))
+    if echo and logprobs_n is not None:
+        output_lps = join_logprobs(echo_logprobs(asm, logprobs_n), output_lps)
+    choice = {
+        "index": 0,
+        "text": prefix + asm.text,
+        "logprobs": output_lps,
+        "finish_reason": asm.finish_reason,
+    }
+    if prompt_logprobs_n is not None:
+        choice["prompt_logprobs"] = prompt_logprobs_body(asm, prompt_logprobs_n)
     return {
         "id": f"cmpl-{job_id}",
         "object": "text_completion",
         "created": int(time.time()),
         "model": model,
-        "choices": [{
-            "index": 0,
-            "text": prefix + asm.text,
-            "logprobs": completion_logprobs(asm.token_ids, asm.logprobs if logprobs_n is not None else None,
-                                            logprobs_n or 0, len(prefix)),
-            "finish_reason": asm.finish_reason,
-        }],
+        "choices": [choice],
         "usage": usage_body(asm.usage),
     }
 
@@ -83,7 +140,7 @@ def chat_logprobs(token_ids: list[int], logprobs: Optional[list[dict]], n: int) 
     for tid, entry in zip(token_ids, logprobs):
         content.append({
             "token": token_name(tid),
-            "logprob": float(entry.get(tid, entry.get(str(tid), 0.0))),
+            "logprob": _chosen(entry, tid),
             "bytes": None,
             "top_logprobs": [{"token": token_name(k), "logprob": v, "bytes": None} for k, v in _top(entry, n)],
         })

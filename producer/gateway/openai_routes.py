@@ -11,10 +11,11 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from producer.gateway import openai_format as fmt
 from producer.gateway import sse
-from producer.gateway.assemble import Assembly
+from schemas.fold import Assembly, ReplyGap
 from producer.gateway.auth import authenticate
 from producer.gateway.config import Principal, allowed_models
-from producer.gateway.errors import APIError, bad_request
+from producer.errors import JobNotFound
+from producer.gateway.errors import APIError, bad_request, job_expired_error, reply_gap_error
 from producer.gateway.openai_schemas import (
     ChatCompletionRequest, CompletionRequest, build_sampling, check_prompt_size,
 )
@@ -39,21 +40,29 @@ async def completions(req: CompletionRequest, request: Request, principal: Princ
     if req.echo and text is None:
         raise bad_request("echo is supported only for text prompts", param="echo")
     check_prompt_size(ctx.settings, text=text, token_ids=token_ids)
-    sampling = build_sampling(req, ctx.settings, req.max_tokens if req.max_tokens is not None else 16, req.logprobs)
+    # echo with logprobs reports the prompt's logprobs too: the worker computes them.
+    prompt_lp = req.prompt_logprobs
+    if req.echo and req.logprobs is not None:
+        prompt_lp = max(prompt_lp or 0, req.logprobs)
+    sampling = build_sampling(req, ctx.settings, req.max_tokens if req.max_tokens is not None else 16, req.logprobs,
+                              prompt_lp)
     model = await resolve_model(ctx, req.model)
     job = make_job(model=model, prompt=text, prompt_token_ids=token_ids, sampling=sampling,
                    priority=req.priority, tenant=principal.tenant,
                    deadline=time.time() + ctx.settings.request_timeout_s,
                    metadata={"route": "completions"})
-    job_id = await admit(ctx, job)
+    job_id = (await admit(ctx, job)).job_id
     ctx.metrics.jobs_submitted.labels(route="completions").inc()
     prefix = text if req.echo and text else ""
     if req.stream:
-        return StreamingResponse(_stream(ctx, "completions", job_id, model, req.include_usage, req.logprobs, prefix),
+        return StreamingResponse(_stream(ctx, "completions", job_id, model, req.include_usage, req.logprobs, prefix,
+                                         echo_logprobs=req.echo and req.logprobs is not None,
+                                         prompt_logprobs_n=req.prompt_logprobs),
                                  media_type="text/event-stream", headers={**sse.SSE_HEADERS, **_job_headers(job_id)})
     asm = await wait_for_result(ctx, request, job_id)
     raise_for_error(asm, job_id)
-    return _json(fmt.completion_response(job_id, model, asm, prefix, req.logprobs), job_id)
+    return _json(fmt.completion_response(job_id, model, asm, prefix, req.logprobs, echo=req.echo,
+                                         prompt_logprobs_n=req.prompt_logprobs), job_id)
 
 
 @router.post("/v1/chat/completions")
@@ -67,20 +76,24 @@ async def chat_completions(req: ChatCompletionRequest, request: Request, princip
     elif req.top_logprobs:
         raise bad_request("top_logprobs needs logprobs: true", param="top_logprobs")
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-    sampling = build_sampling(req, ctx.settings, max_tokens, logprobs_n)
+    sampling = build_sampling(req, ctx.settings, max_tokens, logprobs_n, req.prompt_logprobs)
     model = await resolve_model(ctx, req.model)
     # The worker applies the model's chat template to `messages`.
     job = make_job(model=model, messages=messages, sampling=sampling, priority=req.priority,
                    tenant=principal.tenant, deadline=time.time() + ctx.settings.request_timeout_s,
                    metadata={"route": "chat.completions"})
-    job_id = await admit(ctx, job)
+    job_id = (await admit(ctx, job)).job_id
     ctx.metrics.jobs_submitted.labels(route="chat.completions").inc()
     if req.stream:
-        return StreamingResponse(_stream(ctx, "chat", job_id, model, req.include_usage, logprobs_n, ""),
+        return StreamingResponse(_stream(ctx, "chat", job_id, model, req.include_usage, logprobs_n, "",
+                                         prompt_logprobs_n=req.prompt_logprobs),
                                  media_type="text/event-stream", headers={**sse.SSE_HEADERS, **_job_headers(job_id)})
     asm = await wait_for_result(ctx, request, job_id)
     raise_for_error(asm, job_id)
-    return _json(fmt.chat_response(job_id, model, asm, logprobs_n), job_id)
+    body = fmt.chat_response(job_id, model, asm, logprobs_n)
+    if req.prompt_logprobs is not None:  # vLLM puts them at the top of a chat response
+        body["prompt_logprobs"] = fmt.prompt_logprobs_body(asm, req.prompt_logprobs)
+    return _json(body, job_id)
 
 
 def _json(body: dict, job_id: str):
@@ -90,7 +103,8 @@ def _json(body: dict, job_id: str):
 
 
 async def _stream(ctx: Context, kind: str, job_id: str, model: str, include_usage: bool,
-                  logprobs_n: Optional[int], prefix: str):
+                  logprobs_n: Optional[int], prefix: str, echo_logprobs: bool = False,
+                  prompt_logprobs_n: Optional[int] = None):
     """SSE body in OpenAI's chunk format. If the client disconnects, Starlette
     cancels this generator and the ``finally`` cancels the job."""
     created = int(time.time())
@@ -103,9 +117,10 @@ async def _stream(ctx: Context, kind: str, job_id: str, model: str, include_usag
         if kind == "chat":
             yield sse.data(fmt.chat_chunk(job_id, model, created, {"role": "assistant", "content": ""},
                                           include_usage=include_usage))
-        elif prefix:
+        elif prefix and not echo_logprobs:
             yield sse.data(fmt.completion_chunk(job_id, model, created, prefix, include_usage=include_usage))
         offset = len(prefix)
+        prompt_sent = plp_sent = False
         failure: Optional[APIError] = None  # ends the stream with an error chunk
         pieces = stream_pieces(ctx, job_id, asm)
         while True:
@@ -120,6 +135,12 @@ async def _stream(ctx: Context, kind: str, job_id: str, model: str, include_usag
                 failure = APIError(503, "the queue (Redis) became unreachable during the stream",
                                      code="redis_unavailable")
                 break
+            except ReplyGap as e:
+                failure = reply_gap_error(e)
+                break
+            except JobNotFound as e:
+                failure = job_expired_error(e)
+                break
             if piece is None:
                 if time.monotonic() - last_sent >= ctx.settings.keepalive_s:
                     last_sent = time.monotonic()
@@ -128,6 +149,11 @@ async def _stream(ctx: Context, kind: str, job_id: str, model: str, include_usag
             if first_token_at is None:
                 first_token_at = time.monotonic()
                 ctx.metrics.ttft.observe(first_token_at - started)
+            if echo_logprobs and not prompt_sent:
+                # The first delta carries the prompt's logprobs: the echoed prompt goes out with them.
+                prompt_sent = True
+                yield sse.data(fmt.completion_chunk(job_id, model, created, prefix, include_usage=include_usage,
+                                                    logprobs=fmt.echo_logprobs(asm, logprobs_n)))
             lp = fmt.piece_logprobs(piece, kind, logprobs_n, offset)
             offset += len(piece.text)
             if kind == "chat":
@@ -136,6 +162,13 @@ async def _stream(ctx: Context, kind: str, job_id: str, model: str, include_usag
             else:
                 chunk = fmt.completion_chunk(job_id, model, created, piece.text, logprobs=lp,
                                              include_usage=include_usage)
+            if prompt_logprobs_n is not None and not plp_sent:  # with the first content chunk
+                plp_sent = True
+                body = fmt.prompt_logprobs_body(asm, prompt_logprobs_n)
+                if kind == "chat":
+                    chunk["prompt_logprobs"] = body
+                else:
+                    chunk["choices"][0]["prompt_logprobs"] = body
             last_sent = time.monotonic()
             yield sse.data(chunk)
         if failure is not None:

@@ -32,6 +32,8 @@ class _Common(BaseModel):
     stream: bool = False
     stream_options: Optional[StreamOptions] = None
     n: int = Field(1, ge=1)
+    # vLLM's extension: top-N logprobs of every prompt token (null for the first).
+    prompt_logprobs: Optional[int] = Field(None, ge=0, le=20)
     presence_penalty: Optional[float] = Field(None, ge=-2.0, le=2.0)
     frequency_penalty: Optional[float] = Field(None, ge=-2.0, le=2.0)
     user: Optional[str] = None
@@ -124,7 +126,7 @@ class ChatCompletionRequest(_Common):
 
 
 def build_sampling(req: _Common, settings: GatewaySettings, max_tokens: Optional[int],
-                   logprobs: Optional[int]) -> SamplingParams:
+                   logprobs: Optional[int], prompt_logprobs: Optional[int] = None) -> SamplingParams:
     if max_tokens is not None and max_tokens > settings.max_tokens_cap:
         raise bad_request(f"max_tokens={max_tokens} exceeds this gateway's cap of {settings.max_tokens_cap}",
                           param="max_tokens")
@@ -132,6 +134,8 @@ def build_sampling(req: _Common, settings: GatewaySettings, max_tokens: Optional
     fields["max_tokens"] = max_tokens if max_tokens is not None else min(settings.default_max_tokens, settings.max_tokens_cap)
     if logprobs is not None:
         fields["logprobs"] = logprobs
+    if prompt_logprobs is not None:
+        fields["prompt_logprobs"] = prompt_logprobs
     try:
         return SamplingParams(**fields)
     except ValidationError as e:

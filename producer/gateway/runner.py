@@ -12,9 +12,10 @@ from fastapi import Request
 from pydantic import ValidationError
 
 from schemas import Job
-from producer.errors import QueueFull, RateLimited
+from producer.admission import Admitted
+from producer.errors import QueueFull, QueueUnavailable, RateLimited
 
-from producer.gateway.assemble import Assembly, Piece
+from schemas.fold import Assembly, Piece
 from producer.gateway.backend import Backend
 from producer.gateway.config import GatewaySettings, allowed_models
 from producer.gateway.errors import APIError, bad_request
@@ -33,7 +34,8 @@ def ctx_of(request: Request) -> Context:
 
 
 async def resolve_model(ctx: Context, name: Optional[str]) -> str:
-    """404 for a model nobody serves, 503 when its workers are all gone."""
+    """404 for a model nobody serves, 503 when its workers are all gone (or, for
+    a model on the allow-list, have not registered yet: a service starting up)."""
     model = name or ctx.default_model
     allow = allowed_models(ctx.settings)
     known = await ctx.backend.known_models()
@@ -58,9 +60,12 @@ def make_job(**fields) -> Job:
         raise bad_request(problems) from None
 
 
-async def admit(ctx: Context, job: Job, idempotency_key: Optional[str] = None) -> str:
+async def admit(ctx: Context, job: Job, idempotency_key: Optional[str] = None) -> Admitted:
     try:
         admitted = await ctx.backend.submit(job, idempotency_key)
+    except QueueUnavailable as e:
+        ctx.metrics.rejected.labels(reason="redis_refusing_writes").inc()
+        raise APIError(503, str(e), code="queue_unavailable", headers={"Retry-After": "5"}) from None
     except QueueFull as e:
         ctx.metrics.rejected.labels(reason="queue_full").inc()
         raise APIError(429, str(e), code="queue_full", headers={"Retry-After": "1"}) from None
@@ -68,7 +73,7 @@ async def admit(ctx: Context, job: Job, idempotency_key: Optional[str] = None) -
         ctx.metrics.rejected.labels(reason="rate_limited").inc()
         raise APIError(429, str(e), code="rate_limited",
                        headers={"Retry-After": str(max(1, math.ceil(e.retry_after)))}) from None
-    return admitted.job_id
+    return admitted
 
 
 # Worker error codes that mean the request itself was bad.

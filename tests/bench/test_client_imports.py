@@ -6,8 +6,8 @@ import sys
 
 
 def test_bench_serve_client_never_imports_torch():
-    code = ("import sys, producer.bench.cli, producer.bench.serve, producer.bench.backends, producer.bench.plots; "
-            "producer.bench.cli.serve_parser().parse_args([]); "
+    code = ("import sys, inferq.bench_cli, producer.bench.serve, producer.bench.backends, producer.bench.plots; "
+            "inferq.bench_cli.serve_parser().parse_args([]); "
             "bad = sorted(m for m in sys.modules if m == 'torch' or m.startswith('gpuworker')); "
             "print(bad); sys.exit(1 if bad else 0)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -13,7 +13,7 @@ SHORT, LONG, OUT, N, CHUNK, STATIC_B = (4, 12), (40, 60), (2, 6), 6, 16, 2
 
 @pytest.fixture(scope="module")
 def modes_run(tmp_path_factory, tiny_model_folder):
-    from producer.bench.cli import main as bench_main
+    from inferq.bench_cli import main as bench_main
 
     tmp = tmp_path_factory.mktemp("modes")
     folder = tiny_model_folder

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 
-from producer.cli import main as inferq
+from inferq.cli import main as inferq
 
 
 def test_bench_offline_dispatches(tiny_model_folder, tmp_path, capsys):

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from producer.bench.cli import main as bench_main
+from inferq.bench_cli import main as bench_main
 from producer.bench.datasets import random_dataset
 from tests.gateway.stack import running_gateway
 

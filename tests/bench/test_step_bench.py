@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from producer.cli import main as inferq
+from inferq.cli import main as inferq
 
 
 def test_bench_step_reports_split_and_one_sync(tiny_model_folder, tmp_path, capsys):

@@ -8,7 +8,7 @@ import pytest
 import redis
 
 from producer import Producer
-from producer.maintenance import stats_key
+from schemas.keys import stats as stats_key
 from tests.celery.conftest import celery_env
 from tests.gateway.stack import TINY
 

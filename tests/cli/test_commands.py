@@ -9,6 +9,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import redis
 
 from producer import Producer
 from schemas import keys
@@ -21,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def inferq(stack_url, *args, timeout=120, input=None):
     env = env_without("INFERQ_REDIS_URL", INFERQ_REDIS_URL=stack_url, PYTHONPATH=str(ROOT), COLUMNS="200")
-    return subprocess.run([sys.executable, "-m", "producer.cli", *args], env=env, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "inferq.cli", *args], env=env, capture_output=True,
                           text=True, timeout=timeout, input=input)
 
 
@@ -144,7 +145,7 @@ def test_worker_command_passes_flags_through(stack):
 def test_gateway_command_serves_and_stops_on_sigterm(stack):
     port = free_port()
     env = env_without("INFERQ_REDIS_URL", INFERQ_REDIS_URL=stack.url, PYTHONPATH=str(ROOT))
-    proc = subprocess.Popen([sys.executable, "-m", "producer.cli", "gateway", "--port", str(port)], env=env,
+    proc = subprocess.Popen([sys.executable, "-m", "inferq.cli", "gateway", "--port", str(port)], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         end = time.monotonic() + 30
@@ -168,3 +169,24 @@ def test_gateway_command_serves_and_stops_on_sigterm(stack):
 def test_redis_unreachable_is_a_clear_error():
     r = inferq(f"redis://127.0.0.1:{free_port()}/0", "status")
     assert r.returncode == 1 and "cannot reach Redis" in r.stderr
+
+
+def test_dlq_retry_refused_by_admission_keeps_everything(redis_url, monkeypatch):
+    """A re-admission the queue refuses (here: the backlog is at its bound)
+    leaves the DLQ entry, the job record and its reply stream as they were."""
+    from schemas import ErrorEvent, Job, encode_event, records
+
+    r = redis.Redis.from_url(redis_url)
+    job = Job(model="dlqm", prompt="x")
+    r.hset(keys.job_info(job.id), mapping={"status": "error", "error_code": "invalid_prompt", "attempt": 1})
+    r.xadd(keys.reply(job.id), encode_event(ErrorEvent(attempt=1, seq=0, code="invalid_prompt", message="m")))
+    dead = records.DeadLetter(job=job.model_dump_json(), job_id=job.id, entry_id="1-0", code="invalid_prompt",
+                              reason="m", attempts=1, worker="w", failed_at=time.time())
+    dlq_id = r.xadd(keys.dlq("dlqm"), dead.to_fields()).decode()
+    r.xadd(keys.jobs("dlqm"), Job(model="dlqm", prompt="waiting").to_fields())  # the backlog: 1 job
+    monkeypatch.setenv("INFERQ_MAX_BACKLOG", "1")
+    out = inferq(redis_url, "dlq", "retry", dlq_id, "--model", "dlqm")
+    assert out.returncode == 1 and "not requeued" in out.stderr and "full" in out.stderr
+    assert [e[0].decode() for e in r.xrange(keys.dlq("dlqm"))] == [dlq_id]
+    assert r.hget(keys.job_info(job.id), "status") == b"error" and r.xlen(keys.reply(job.id)) == 1
+    r.close()

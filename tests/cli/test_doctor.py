@@ -1,5 +1,5 @@
 """The doctor's reading of worker metrics: which limit binds, and the advice."""
-from producer.doctor import Sample, diagnose, parse_metrics
+from inferq.doctor import Sample, diagnose, parse_metrics
 
 CONFIG = {"max_num_seqs": "64", "max_num_batched_tokens": "2048", "num_kv_blocks": "1000", "block_size": "16"}
 
@@ -50,3 +50,9 @@ def test_parse_metrics_reads_labels_and_sums():
     assert m["inferq:num_requests_running"] == [({"model_name": "m"}, 3.0)]
     s = Sample.from_text(text)
     assert s.running == 3.0 and s.config["max_num_seqs"] == "8"
+
+
+def test_doctor_shows_the_workers_eos_set():
+    text = 'inferq:worker_config_info{eos_token_ids="128001,128009",max_num_seqs="8"} 1.0\n'
+    s = Sample.from_text(text)
+    assert diagnose(s, s).readings["eos_token_ids"] == "128001,128009"

@@ -6,9 +6,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 
-MODULES = ["producer.cli", "producer.up", "producer.doctor", "producer.gateway", "producer.gateway.app",
-           "producer.celery_app", "producer.celery_tasks", "producer.maintenance", "producer.embedded_redis",
-           "producer.cli_jobs", "producer.cli_queue", "producer.queue_stats"]
+MODULES = ["inferq.cli", "inferq.up", "inferq.doctor", "producer.gateway", "producer.gateway.app",
+           "producer.celery_app", "producer.celery_tasks", "producer.maintenance", "inferq.embedded_redis",
+           "inferq.cli_jobs", "inferq.cli_queue", "producer.queue_stats"]
 
 
 def test_producer_modules_do_not_import_torch_or_the_worker():

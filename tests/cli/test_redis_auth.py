@@ -22,7 +22,7 @@ def locked_redis(tmp_path_factory):
 
 
 def cli(*args, **env):
-    return subprocess.run([sys.executable, "-m", "producer.cli", *args], capture_output=True, text=True, timeout=60,
+    return subprocess.run([sys.executable, "-m", "inferq.cli", *args], capture_output=True, text=True, timeout=60,
                           env=env_without("INFERQ_REDIS_URL", "INFERQ_REDIS_PASSWORD", PYTHONPATH=str(ROOT), **env))
 
 

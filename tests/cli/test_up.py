@@ -9,7 +9,9 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 import pytest
+import redis
 from openai import OpenAI
 
 from schemas import keys
@@ -21,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def inferq_cmd() -> list[str]:
     exe = shutil.which("inferq")
-    return [exe] if exe else [sys.executable, "-m", "producer.cli"]
+    return [exe] if exe else [sys.executable, "-m", "inferq.cli"]
 
 
 @pytest.mark.slow
@@ -41,8 +43,20 @@ def test_inferq_up_serves_openai_and_stops_cleanly_on_sigint(tmp_path):
         assert url == f"http://127.0.0.1:{port}"
         assert "embedded Redis" in out.text()  # INFERQ_REDIS_URL unset: the bundled redis-server
         assert f"{url}/v1/chat/completions" in out.text()  # the ready-to-paste example
+        # READY is printed only once the gateway's readiness answer says so.
+        ready_now = httpx.get(f"{url}/ready", timeout=10)
+        assert ready_now.status_code == 200 and ready_now.json()["status"] == "ready", ready_now.text
         kids = children_of(proc.pid)
         assert len(kids) >= 3  # redis-server, worker, gateway
+        # The embedded Redis has a random password of its own, kept off every command line.
+        password = (tmp_path / ".inferq" / "redis" / "password").read_text().strip()
+        assert len(password) >= 20
+        with pytest.raises(redis.AuthenticationError):
+            redis.Redis(port=redis_port).ping()
+        assert redis.Redis(port=redis_port, password=password).ping()
+        for pid in kids:
+            assert password.encode() not in Path(f"/proc/{pid}/cmdline").read_bytes()
+        assert password not in out.text()  # the banner reads it from the file: $(cat ...)
 
         client = OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=300)
         messages = [{"role": "user", "content": "What is the capital of France?"}]

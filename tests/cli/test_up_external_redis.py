@@ -27,7 +27,7 @@ def test_up_on_external_redis_and_doctor_finds_the_kv_limit(stack, tmp_path):
     port, metrics_port = free_port(), free_port()
     env = env_without("INFERQ_REDIS_URL", INFERQ_REDIS_URL=stack.url, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "producer.cli", "up", "--port", str(port), "--metrics-port", str(metrics_port),
+        [sys.executable, "-m", "inferq.cli", "up", "--port", str(port), "--metrics-port", str(metrics_port),
          "--model", str(stack.model_dir), "--served-model-name", MODEL, "--device", "cpu", "--api-keys", "secret-1",
          # 12 blocks x 16 tokens of KV cache: 16 jobs of ~130 tokens cannot all fit.
          "--worker-arg=--num-kv-blocks=12", "--worker-arg=--max-model-len=160", "--worker-arg=--max-num-seqs=16",
@@ -49,7 +49,7 @@ def test_up_on_external_redis_and_doctor_finds_the_kv_limit(stack, tmp_path):
         handles = [p.submit(f"Job number {i} says", model=MODEL, sampling={"max_tokens": 120, "ignore_eos": True})
                    for i in range(16)]
         doc = subprocess.run(
-            [sys.executable, "-m", "producer.cli", "doctor", "--metrics-url",
+            [sys.executable, "-m", "inferq.cli", "doctor", "--metrics-url",
              f"http://127.0.0.1:{metrics_port}/metrics", "--interval", "2", "--json"],
             env=env, capture_output=True, text=True, timeout=60)
         assert doc.returncode == 0, doc.stderr

@@ -15,7 +15,7 @@ def test_second_up_on_the_same_folder_refuses(tmp_path):
     data.mkdir()
     with open(data / "up.lock", "w") as held:
         fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)  # as a running `inferq up` holds it
-        r = subprocess.run([sys.executable, "-m", "producer.cli", "up"], cwd=tmp_path, capture_output=True,
+        r = subprocess.run([sys.executable, "-m", "inferq.cli", "up"], cwd=tmp_path, capture_output=True,
                            text=True, timeout=60, env=env_without("INFERQ_REDIS_URL", PYTHONPATH=str(ROOT)))
     assert r.returncode == 1
     assert "another `inferq up` is using" in r.stdout

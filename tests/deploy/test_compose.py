@@ -40,7 +40,10 @@ def test_redis_is_configured_as_a_job_queue(compose):
     cmd = " ".join(redis["command"]) if isinstance(redis["command"], list) else redis["command"]
     assert "--appendonly yes" in cmd
     assert "--maxmemory-policy noeviction" in cmd
-    assert '--requirepass "$$REDIS_PASSWORD"' in cmd
+    assert "--maxmemory $${REDIS_MAXMEMORY" in cmd  # a limit, so writes are refused instead of the OOM killer
+    # The password reaches redis-server through a config file, never its argv (ps, docker inspect).
+    assert "--requirepass" not in cmd and "requirepass" in cmd.split("exec redis-server")[0]
+    assert "-a " not in " ".join(redis["healthcheck"]["test"]) and "REDISCLI_AUTH" in " ".join(redis["healthcheck"]["test"])
     assert "REDIS_PASSWORD" in redis["environment"]["REDIS_PASSWORD"]
     assert "ping" in " ".join(redis["healthcheck"]["test"])
     assert any(v.endswith(":/data") for v in redis["volumes"])
@@ -69,9 +72,13 @@ def test_every_service_reaches_redis_with_the_password(compose):
 def test_gateway_and_celery(compose):
     s = compose["services"]
     g = s["gateway"]
-    assert any(str(p).endswith(":8000") for p in g["ports"])
+    (published,) = g["ports"]
+    assert published == "${GATEWAY_BIND:-127.0.0.1}:${GATEWAY_PORT:-8000}:8000"  # loopback unless asked
+    assert env_of(g)["INFERQ_GATEWAY_PUBLISHED_ON"] == "${GATEWAY_BIND:-127.0.0.1}"  # keys required when public
+    assert env_of(g)["INFERQ_GATEWAY_METRICS_PORT"] == "9401"  # /metrics off the published port
     assert g["depends_on"]["redis"]["condition"] == "service_healthy"
     assert "INFERQ_GATEWAY_API_KEYS" in env_of(g)
+    assert "/ready" in " ".join(g["healthcheck"]["test"])  # healthy = a worker serves, not just "process up"
     assert s["celery-worker"]["command"][:4] == ["celery", "-A", "producer.celery_app", "worker"]
     assert s["celery-beat"]["command"][:4] == ["celery", "-A", "producer.celery_app", "beat"]
     for name in ("gateway", "celery-worker", "celery-beat"):
@@ -85,7 +92,7 @@ def test_prometheus_is_optional_and_scrapes_worker_and_gateway(compose):
     conf = yaml.safe_load((ROOT / "docker" / "prometheus.yml").read_text())
     jobs = {j["job_name"]: j for j in conf["scrape_configs"]}
     assert jobs["inferq-worker"]["dns_sd_configs"][0] == {"names": ["worker"], "type": "A", "port": 9400}
-    assert jobs["inferq-gateway"]["static_configs"][0]["targets"] == ["gateway:8000"]
+    assert jobs["inferq-gateway"]["static_configs"][0]["targets"] == ["gateway:9401"]  # its metrics port
 
 
 def test_every_variable_has_a_default_or_an_example():

@@ -136,8 +136,15 @@ def test_deadline_finishes_before_prefill_and_while_running(smol_llm):
     eng.add_request("late", smol_llm.encode("Too late"), SamplingParams(max_tokens=5), deadline=time.time() - 1)
     deltas = eng.step()
     assert [(d.request_id, d.finish_reason, d.new_token_ids) for d in deltas] == [("late", "deadline", [])]
+    deadline = time.time() + 2.0
     eng.add_request("soon", smol_llm.encode("Soon"), SamplingParams(max_tokens=500, temperature=0, ignore_eos=True),
-                    deadline=time.time() + 0.5)
+                    deadline=deadline)
+    first = eng.step()  # prefill + first token: running now
+    assert [d.finish_reason for d in first] == [None] and first[0].new_token_ids
+    # Not a "long enough" sleep: the clock passes the deadline whatever the engine's
+    # speed, so the next step must end the running request (a fast machine would
+    # otherwise finish all 500 tokens first).
+    time.sleep(max(0.0, deadline - time.time()) + 0.01)
     reasons = []
     while eng.has_unfinished():
         reasons += [d.finish_reason for d in eng.step() if d.finished]

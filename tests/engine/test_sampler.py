@@ -177,7 +177,9 @@ RAW = torch.tensor([[2.0, -1.0, 0.5, 3.0, -2.0]])
 
 
 def penalised_logprobs(**kw) -> dict[int, float]:
-    out = sampler(RAW.clone(), [row(prompt=[0], output=[1, 1, 2], temperature=0.0, logprobs=5, **kw)])
+    # Penalised logits are what processed logprobs report for a greedy row (raw ones are the default).
+    out = sampler(RAW.clone(), [row(prompt=[0], output=[1, 1, 2], temperature=0.0, logprobs=5,
+                                    logprobs_mode="processed_logprobs", **kw)])
     return out.logprobs[0]
 
 
@@ -220,8 +222,9 @@ def test_penalty_changes_the_greedy_choice():
 def test_penalties_apply_only_to_rows_that_ask():
     logits = RAW.expand(2, -1).contiguous()
     rows = [
-        row(prompt=[0], output=[1, 1, 2], temperature=0.0, logprobs=5, frequency_penalty=0.5),
-        row(prompt=[0], output=[1, 1, 2], temperature=0.0, logprobs=5),
+        row(prompt=[0], output=[1, 1, 2], temperature=0.0, logprobs=5, frequency_penalty=0.5,
+            logprobs_mode="processed_logprobs"),
+        row(prompt=[0], output=[1, 1, 2], temperature=0.0, logprobs=5, logprobs_mode="processed_logprobs"),
     ]
     out = sampler(logits, rows)
     assert_logprobs_of(out.logprobs[0], [2.0, -2.0, 0.0, 3.0, -2.0])

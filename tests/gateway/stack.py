@@ -7,22 +7,15 @@ Plus helpers to run a gateway app in-process on a free port.
 from __future__ import annotations
 
 import contextlib
-import os
-import signal
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 from typing import Optional
 
-import redis
-
-from schemas import keys
 from tests.conftest import RedisServer, free_port
+from tests.workers import WorkerProc
 
 TINY = "tiny"
-ROOT = Path(__file__).resolve().parents[2]
 
 
 class Stack:
@@ -32,9 +25,8 @@ class Stack:
         self.redis = RedisServer(tmp / "redis").start()
         self.url = self.redis.url
         self.model_dir: Optional[Path] = None
-        self.worker: Optional[subprocess.Popen] = None
-        self.metrics_port = free_port()
-        self.worker_log = tmp / "worker.log"
+        self.worker: Optional[WorkerProc] = None
+        self.metrics_port: Optional[int] = None
 
     def start_worker(self, timeout: float = 240.0) -> None:
         import torch
@@ -44,30 +36,15 @@ class Stack:
 
         # Room for long generations (the 429 and disconnect tests need a job that runs a while).
         self.model_dir = save_tiny_model("llama", self.tmp / "tiny-llama", max_position_embeddings=4096)
-        env = {**os.environ, "INFERQ_REDIS_URL": self.url, "OMP_NUM_THREADS": "1",
-               "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-        args = [sys.executable, "-m", "gpuworker.service", "--model", str(self.model_dir),
-                "--served-model-name", TINY, "--device", "cpu", "--metrics-port", str(self.metrics_port),
-                "--max-num-seqs", "16", "--lease-seconds", "5", "--drain-timeout", "5"]
-        self.worker = subprocess.Popen(args, env=env, stdout=open(self.worker_log, "wb"), stderr=subprocess.STDOUT)
-        r = redis.Redis.from_url(self.url)
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            if self.worker.poll() is not None:
-                raise RuntimeError(f"worker exited ({self.worker.returncode}):\n{self.worker_log.read_text()[-3000:]}")
-            if r.zcount(keys.workers(TINY), time.time() - 15, "+inf"):
-                return
-            time.sleep(0.2)
-        raise RuntimeError(f"worker did not heartbeat within {timeout}s:\n{self.worker_log.read_text()[-3000:]}")
+        self.worker = WorkerProc(self.url, self.model_dir, TINY, self.tmp, "stack-worker", "--device", "cpu",
+                                 "--max-num-seqs", "16", "--lease-seconds", "5", "--drain-timeout", "5",
+                                 metrics=True, defaults=())
+        self.metrics_port = self.worker.metrics_port
+        self.worker.wait_ready(timeout)
 
     def stop(self) -> None:
-        if self.worker and self.worker.poll() is None:
-            self.worker.send_signal(signal.SIGTERM)
-            try:
-                self.worker.wait(20)
-            except subprocess.TimeoutExpired:
-                self.worker.kill()
-                self.worker.wait()
+        if self.worker is not None:
+            self.worker.terminate(timeout=20)
         self.redis.stop()
 
 

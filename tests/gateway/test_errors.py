@@ -149,3 +149,22 @@ def test_job_nobody_finishes_is_504_and_cancelled(stack):
         job = resp.headers.get("x-inferq-job-id")
     r = redis.Redis.from_url(stack.url)
     assert r.exists(keys.cancel(job)) or r.hget(keys.job_info(job), "status") in (b"cancelled", b"done")
+
+
+SURROGATE = '"\\ud800x"'  # a lone surrogate: valid JSON, not encodable as UTF-8
+
+
+@pytest.mark.parametrize("path, raw", [
+    ("/v1/completions", '{"model": "%s", "prompt": "hi", "max_tokens": 2, "stop": [%s]}'),
+    ("/v1/chat/completions", '{"model": "%s", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "stop": %s}'),
+    ("/v1/chat/completions", '{"model": "%s", "messages": [{"role": "user", "content": %s}], "max_tokens": 2}'),
+    ("/v1/completions", '{"model": "%s", "prompt": %s, "max_tokens": 2}'),
+    ("/v1/jobs", '{"model": "%s", "prompt": "hi", "sampling": {"max_tokens": 2, "stop": [%s]}}'),
+    ("/v1/jobs", '{"model": "%s", "prompt": %s}'),
+    ("/v1/jobs", '{"model": "%s", "prompt": "hi", "metadata": {"k": %s}}'),
+])
+def test_lone_surrogates_are_400_not_500(gateway_url, path, raw):
+    body = (raw % (TINY, SURROGATE)).encode()
+    r = httpx.post(f"{gateway_url}{path}", content=body, headers={"content-type": "application/json"}, timeout=30)
+    err = assert_openai_error(r, 400)
+    assert "surrogate" in err["message"] or "unicode string" in err["message"], err

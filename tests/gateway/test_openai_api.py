@@ -136,3 +136,61 @@ def test_request_timeout_becomes_the_job_deadline(stack):
         r = c.completions.create(model=TINY, prompt="Go", max_tokens=4000, extra_body={"ignore_eos": True})
         assert r.choices[0].finish_reason == "deadline"
         assert 0 < r.usage.completion_tokens < 4000
+
+
+# ------------------------------------------------------------ prompt logprobs
+def _hf_prompt_logprobs(stack, ids):
+    """HF's teacher-forced log-softmax over the same tiny model (fp32)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(stack.model_dir, dtype=torch.float32).eval()
+    with torch.inference_mode():
+        return torch.log_softmax(model(torch.tensor([ids])).logits[0].float(), -1)
+
+
+def test_completion_echo_with_logprobs_reports_the_prompt(client, stack):
+    prompt = "The queue is long today"
+    r = client.completions.create(model=TINY, prompt=prompt, max_tokens=3, temperature=0, logprobs=2, echo=True,
+                                  extra_body={"ignore_eos": True})
+    choice = r.choices[0]
+    assert choice.text.startswith(prompt)
+    lp = choice.logprobs
+    n_prompt = r.usage.prompt_tokens
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == n_prompt + 3
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    ids = [int(t.split(":")[1]) for t in lp.tokens[:n_prompt]]
+    ref = _hf_prompt_logprobs(stack, ids)
+    for j in range(1, n_prompt):
+        assert lp.token_logprobs[j] == pytest.approx(float(ref[j - 1, ids[j]]), abs=2e-3)
+        assert 2 <= len(lp.top_logprobs[j]) <= 3
+    # The same through a stream: the echoed prompt arrives with its logprobs, first.
+    chunks = list(client.completions.create(model=TINY, prompt=prompt, max_tokens=3, temperature=0, logprobs=2,
+                                            echo=True, stream=True, extra_body={"ignore_eos": True}))
+    assert chunks[0].choices[0].text == prompt
+    streamed = chunks[0].choices[0].logprobs.token_logprobs
+    assert streamed[0] is None and streamed[1:] == pytest.approx(lp.token_logprobs[1:n_prompt], abs=1e-5)
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == choice.text
+
+
+def test_completion_prompt_logprobs_extension(client, stack):
+    r = client.completions.create(model=TINY, prompt="Redis streams carry jobs", max_tokens=2, temperature=0,
+                                  extra_body={"prompt_logprobs": 1, "ignore_eos": True})
+    plp = r.choices[0].model_extra["prompt_logprobs"]
+    assert plp[0] is None and len(plp) == r.usage.prompt_tokens
+    ranks = [e["rank"] for entry in plp[1:] for e in entry.values()]
+    assert ranks.count(1) == len(plp) - 1 and set(ranks) <= {1, None}
+    for entry in plp[1:]:
+        assert 1 <= len(entry) <= 2
+        assert all(e["decoded_token"] == f"token_id:{k}" and e["logprob"] <= 0 for k, e in entry.items())
+
+
+def test_chat_prompt_logprobs_extension(client, stack):
+    r = greedy_chat(client, max_tokens=2, extra_body={"prompt_logprobs": 0, "ignore_eos": True})
+    plp = r.model_extra["prompt_logprobs"]
+    assert plp[0] is None and len(plp) == r.usage.prompt_tokens  # the chat template's tokens included
+    ids = [int(next(iter(e))) for e in plp[1:]]  # top-0: each entry is the actual prompt token
+    assert all(len(e) == 1 and next(iter(e.values()))["rank"] is None for e in plp[1:])
+    chunks = list(greedy_chat(client, max_tokens=2, stream=True, extra_body={"prompt_logprobs": 0, "ignore_eos": True}))
+    firsts = [c.model_extra.get("prompt_logprobs") for c in chunks if (c.model_extra or {}).get("prompt_logprobs")]
+    assert len(firsts) == 1 and [int(next(iter(e))) for e in firsts[0][1:]] == ids

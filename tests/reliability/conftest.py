@@ -20,7 +20,8 @@ import redis
 
 from schemas import keys
 from tests.conftest import RedisServer
-from tests.service.conftest import WorkerProc, tiny_model, wait_for  # noqa: F401  (tiny_model is a fixture)
+from tests.service.conftest import tiny_model, wait_for  # noqa: F401  (tiny_model is a fixture)
+from tests.workers import WorkerProc
 
 MODEL = "tiny"
 ADMIN_PW = "admin-pw-9f2"

@@ -6,7 +6,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Optional
 
-from producer.client import ReplyFilter, TextFollower
+from producer.client import TextFollower
+from schemas.fold import ReplyFilter
 
 
 @dataclass

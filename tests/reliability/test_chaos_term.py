@@ -14,7 +14,8 @@ from tests.reliability.streams import watch
 
 DRAIN_S = 5.0
 MEDIUM = 12  # tokens: drains in far less than DRAIN_S
-LONG = 2000  # cannot finish inside DRAIN_S on any machine
+LONG = 2000  # cannot finish inside DRAIN_S on any machine: the leaver is paced
+PACE_S = 0.01  # per engine step: LONG needs >= 20 s, MEDIUM about 0.12 s
 
 
 def greedy(n: int) -> dict:
@@ -31,7 +32,7 @@ def running_on(r: redis.Redis, handles, worker: str) -> list:
 def test_sigterm_drains_in_flight_and_hands_back_the_rest(chaos, chaos_oracle):
     r = chaos.client()
     stay = chaos.fleet.ensure_count(1, "chaos-term-stay")[0]
-    leaver = chaos.fleet.start("chaos-term-leaver", extra=("--drain-timeout", str(DRAIN_S), "--max-num-seqs", "8",
+    leaver = chaos.fleet.start("chaos-term-leaver", extra=("--drain-timeout", str(DRAIN_S), "--step-pace-s", str(PACE_S), "--max-num-seqs", "8",
                                                            "--num-kv-blocks", "1024"))[0]
     p = Producer(chaos.url, default_model="chaos")
     # Jobs go to whichever worker reads first, so keep submitting until the

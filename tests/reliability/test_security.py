@@ -17,7 +17,7 @@ from producer import Producer
 from schemas import keys
 from tests.gateway.stack import running_gateway
 from tests.reliability.conftest import MODEL, USER, wait_for
-from tests.service.conftest import REPO
+from tests.workers import REPO
 
 
 def last_job_id(r: redis.Redis) -> bytes:

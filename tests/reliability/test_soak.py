@@ -57,7 +57,7 @@ def test_soak_short_jobs_with_cancels_deadlines_priorities(chaos):
     sampler = threading.Thread(target=sample_rss, daemon=True)
     sampler.start()
 
-    p = Producer(chaos.url, default_model="chaos", reply_ttl=PRODUCER_TTL)
+    p = Producer(chaos.url, default_model="chaos", live_ttl=PRODUCER_TTL)
     handles, meant_to_fail, cancelled = [], set(), 0
     t0 = time.monotonic()
     for i in range(N_JOBS):

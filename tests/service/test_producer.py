@@ -14,6 +14,7 @@ import pytest
 import redis
 from pydantic import ValidationError
 
+from producer.client import build_job
 from producer import AsyncProducer, JobFailed, JobNotFound, JobRestarted, Producer, QueueFull, RateLimited
 from schemas import (
     DeltaEvent,
@@ -58,7 +59,7 @@ def test_submit_enqueues_job_and_queued_event(p, r):
     assert job.priority == 3 and job.tenant == "acme" and job.metadata == {"a": 1}
     reply = r.xrange(keys.reply(h.id))
     assert reply[0][1][b"type"] == b"queued"
-    assert 0 < r.ttl(keys.reply(h.id)) <= p.settings.reply_ttl
+    assert 0 < r.ttl(keys.reply(h.id)) <= p.settings.live_ttl
     st = h.status()
     assert st["status"] == "queued" and st["model"] == MODEL and st["tenant"] == "acme" and st["attempt"] == 0
     assert st["entry_id"] == entries[0][0].decode()
@@ -105,6 +106,32 @@ def test_idempotency_key_returns_existing_job(p, r):
     assert b.id == a.id and b.duplicate and not a.duplicate
     assert c.id != a.id
     assert r.xlen(keys.jobs(MODEL)) == 2
+
+
+def test_idempotency_keys_of_tenants_never_collide(p):
+    """A caller without a tenant cannot spell another tenant's key, and tenant
+    names with separators cannot spell each other's either."""
+    acme = p.submit("x", tenant="acme", idempotency_key="x")
+    for tenant, key in ((None, "tenant=acme/x"), (None, "t4:acme:x"), ("acme:x", "x"), ("ac", "me:x")):
+        other = p.submit("x", tenant=tenant, idempotency_key=key)
+        assert other.id != acme.id and not other.duplicate, (tenant, key)
+    assert p.submit("x", tenant="acme", idempotency_key="x").id == acme.id
+
+
+def test_a_duplicate_tells_the_real_status_and_a_key_never_outlives_its_job(p, r):
+    from producer.admission import admit
+
+    first = p.submit("x", idempotency_key="order-1")
+    r.hset(keys.job_info(first.id), "status", "done")  # the job ran meanwhile
+    adm = admit(p.redis, p._admit, build_job(MODEL, "x"), "order-1", p.settings)
+    assert adm.duplicate and adm.job_id == first.id and adm.status == "done"
+    # The job's records expired but the key did not: the key is forgotten and
+    # the submit admits a new job instead of returning an id that would 404.
+    r.delete(keys.job_info(first.id), keys.reply(first.id))
+    again = p.submit("x", idempotency_key="order-1")
+    assert again.id != first.id and not again.duplicate
+    assert again.status()["status"] == "queued"
+    assert p.submit("x", idempotency_key="order-1").id == again.id
 
 
 def test_rate_limit_per_tenant(redis_url):
@@ -293,3 +320,17 @@ def test_stream_resumes_across_a_redis_restart(tmp_path):
         r.close()
     finally:
         server.stop()
+
+
+def test_a_trimmed_reply_stream_is_an_error_not_short_text(p, r):
+    """Events lost from the middle of a reply stream (trimmed by hand here, as a
+    MAXLEN would) end the read with ReplyGap instead of a silently short text."""
+    from schemas.fold import ReplyGap
+
+    h = p.submit("hi")
+    emit(r, h.id, StartedEvent(attempt=1, seq=0), DeltaEvent(attempt=1, seq=1, text="a"))
+    lost = r.xadd(keys.reply(h.id), encode_event(DeltaEvent(attempt=1, seq=2, text="b")))
+    emit(r, h.id, DeltaEvent(attempt=1, seq=3, text="c"), _done(1, 4))
+    r.xdel(keys.reply(h.id), lost)
+    with pytest.raises(ReplyGap, match="expected seq 2, got 3"):
+        h.result(timeout=5)

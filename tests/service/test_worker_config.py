@@ -42,10 +42,10 @@ def test_model_name_defaults(monkeypatch):
 def test_tls_and_acl_settings_reach_redis_py():
     s = WorkerSettings(redis_url="rediss://cache:6380/0", redis_username="inferq", redis_password="pw",
                        redis_tls_ca_certs="/etc/ca.pem")
-    kw = s.redis_kwargs()
+    kw = s.client_kwargs()
     assert kw["username"] == "inferq" and kw["password"] == "pw" and kw["ssl_ca_certs"] == "/etc/ca.pem"
     assert kw["socket_timeout"] > s.block_ms / 1000
-    assert "ssl_ca_certs" not in WorkerSettings(redis_tls_ca_certs="/etc/ca.pem").redis_kwargs()  # plain redis://
+    assert "ssl_ca_certs" not in WorkerSettings(redis_tls_ca_certs="/etc/ca.pem").client_kwargs()  # plain redis://
 
 
 def test_invalid_config_exits_2(capsys):
@@ -67,3 +67,19 @@ def test_wrong_redis_password_fails_fast_with_clear_message(tmp_path):
         assert time.time() - t0 < 60  # before any model is loaded
     finally:
         server.stop()
+
+
+def test_every_setting_is_a_flag_and_engine_knobs_map_one_to_one(monkeypatch):
+    """Flags are generated from WorkerSettings; engine knobs keep the engine's defaults."""
+    from gpuworker.config import EngineConfig
+    from gpuworker.service.cli import NOT_FLAGS
+    from gpuworker.service.settings import ENGINE_KNOBS
+
+    for k in ENGINE_KNOBS:
+        monkeypatch.delenv(f"INFERQ_{k.upper()}", raising=False)
+    flags = {a.dest for a in parser()._actions}
+    assert set(WorkerSettings.model_fields) - NOT_FLAGS <= flags
+    assert "redis_password" not in flags  # secrets stay off the command line
+    cfg = _settings(["--max-num-batched-tokens", "512", "--block-size", "32"]).engine_config()
+    assert (cfg.max_num_batched_tokens, cfg.block_size, cfg.scheduling_policy) == (512, 32, "priority")
+    assert WorkerSettings().max_num_seqs == EngineConfig().max_num_seqs  # one default per knob

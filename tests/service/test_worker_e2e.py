@@ -12,14 +12,18 @@ import redis
 from producer import AsyncProducer, JobFailed, Producer
 from schemas import Job, SamplingParams, keys
 
-from tests.service.conftest import WorkerProc, wait_for
+from tests.service.conftest import wait_for
+from tests.workers import WorkerProc
 
 MODEL = "tiny-e2e"
 
 
 @pytest.fixture(scope="module")
 def worker(module_redis, tiny_model, tmp_path_factory):
-    w = WorkerProc(module_redis.url, tiny_model, MODEL, tmp_path_factory.mktemp("wlog"), "e2e-1", metrics=True)
+    # Paced at 10 ms per step: a 400-token job runs at least 4 s on any machine, so
+    # the cancel and deadline tests always catch it mid-generation.
+    w = WorkerProc(module_redis.url, tiny_model, MODEL, tmp_path_factory.mktemp("wlog"), "e2e-1",
+                   "--step-pace-s", "0.01", metrics=True)
     w.wait_ready()
     yield w
     w.terminate()
@@ -225,6 +229,7 @@ def test_metrics_and_heartbeat(worker, p):
         assert name in names, name
     cfg = [k for k in worker.metrics() if k.startswith("inferq:worker_config_info")][0]
     assert 'max_num_seqs="32"' in cfg and 'num_kv_blocks="512"' in cfg
+    assert 'eos_token_ids="2"' in cfg  # SmolLM2: config, generation config and tokenizer agree on <|im_end|>
     assert "e2e-1" in p.workers()
 
 
@@ -247,3 +252,26 @@ def test_hand_made_payload_with_nonsense_created_at_still_gets_sane_timings(work
     assert res.usage.completion_tokens == 3
     t = res.timings
     assert all(v is not None and 0 <= v < 60 for v in (t.queue, t.ttft, t.total))
+
+
+def test_prompt_logprobs_reach_the_sdk_result(worker, p, tiny_model):
+    """SamplingParams.prompt_logprobs: the worker's engine computes them, the first
+    delta carries them, the SDK result holds them; values equal HF's teacher-forced
+    log-softmax within 2e-3 (fp32 both sides; see tests/engine/test_prompt_logprobs.py)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    h = p.submit("Prompt logprobs travel with the first delta",
+                 sampling={"max_tokens": 3, "temperature": 0.0, "prompt_logprobs": 2, "logprobs": 1})
+    res = h.result(timeout=60)
+    ids, lps = res.prompt_token_ids, res.prompt_logprobs
+    assert ids and len(lps) == len(ids) == res.usage.prompt_tokens and lps[0] is None
+    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).eval()
+    with torch.inference_mode():
+        ref = torch.log_softmax(model(torch.tensor([ids])).logits[0].float(), -1)
+    for j in range(1, len(ids)):
+        assert 2 <= len(lps[j]) <= 3 and ids[j] in lps[j]
+        assert lps[j][ids[j]] == pytest.approx(float(ref[j - 1, ids[j]]), abs=2e-3)
+    assert len(res.logprobs) == len(res.token_ids)
+    plain = p.submit("no prompt logprobs", sampling={"max_tokens": 2, "temperature": 0.0}).result(timeout=60)
+    assert plain.prompt_logprobs is None and plain.prompt_token_ids is None

@@ -21,8 +21,10 @@ from typing import Optional
 from rich.console import Console
 
 from schemas import keys
-from producer.cli_common import safe_url
-from producer.embedded_redis import EmbeddedRedis, EmbeddedRedisError, free_port, port_is_free
+from schemas.connection import RedisSettings, redact_url, sync_client
+from schemas.policy import QueuePolicy
+from inferq.embedded_redis import EmbeddedRedis, EmbeddedRedisError, free_port, port_is_free, stored_password
+from inferq.processes import terminate
 
 DEFAULT_GATEWAY_PORT = 8000
 DEFAULT_REDIS_PORT = 6379
@@ -50,14 +52,6 @@ class UpOptions:
                    api_keys=a.api_keys, worker_args=list(a.worker_arg))
 
 
-def served_name(model: Optional[str]) -> str:
-    """The queue name a worker uses for ``model`` (same rule as the worker's settings)."""
-    if not model:
-        return keys.DEFAULT_MODEL
-    base = os.path.basename(os.path.normpath(model))
-    return base[:-5] if base.endswith(".gguf") else base
-
-
 def _pick_port(wanted: Optional[int], default: int, host: str = "127.0.0.1") -> int:
     if wanted is not None:
         return wanted if wanted else free_port(host)
@@ -65,13 +59,8 @@ def _pick_port(wanted: Optional[int], default: int, host: str = "127.0.0.1") -> 
 
 
 def _redis_reachable(url: str) -> bool:
-    from producer.settings import RedisSettings
-
-    import redis
-
     try:
-        s = RedisSettings(redis_url=url)
-        r = redis.Redis.from_url(url, **{**s.client_kwargs(), "socket_connect_timeout": 2, "socket_timeout": 2})
+        r = sync_client(RedisSettings(redis_url=url, socket_connect_timeout=2, socket_timeout=2))
         ok = bool(r.ping())
         r.close()
         return ok
@@ -98,13 +87,7 @@ class Child:
         return self.proc.poll() is None
 
     def stop(self, timeout: float) -> None:
-        if self.alive():
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        terminate(self.proc, timeout)
         self._log.close()
 
     def tail(self, lines: int = 25) -> str:
@@ -126,23 +109,28 @@ class Supervisor:
         self.gateway: Optional[Child] = None
         self.stop_event = threading.Event()
         self._stopping = False
-        self.model = opts.served_model_name or served_name(opts.model)
+        self.model = opts.served_model_name or keys.served_name(opts.model)
 
     # -- start ----------------------------------------------------------
     def start_redis(self) -> None:
-        url = os.environ.get("INFERQ_REDIS_URL")
+        given = RedisSettings()
+        url = given.redis_url if "redis_url" in given.model_fields_set else None  # set by INFERQ_REDIS_URL
         if url:
             if _redis_reachable(url):
                 self.redis_url = url
-                self.console.print(f"[green]✓[/green] Redis at {safe_url(url)} (from INFERQ_REDIS_URL)")
+                self.console.print(f"[green]✓[/green] Redis at {redact_url(url)} (from INFERQ_REDIS_URL)")
                 return
-            self.console.print(f"[yellow]![/yellow] INFERQ_REDIS_URL={safe_url(url)} is not reachable; "
+            self.console.print(f"[yellow]![/yellow] INFERQ_REDIS_URL={redact_url(url)} is not reachable; "
                                "starting an embedded Redis instead")
         self._lock_data_dir()
         port = _pick_port(self.opts.redis_port, DEFAULT_REDIS_PORT)
-        self.redis = EmbeddedRedis(self.data_dir / "redis", port=port).start()
+        # A random password of its own (kept with its data): no other local user
+        # or process can read or write the queue.
+        redis_dir = self.data_dir / "redis"
+        self.redis = EmbeddedRedis(redis_dir, port=port, password=stored_password(redis_dir)).start()
         self.redis_url = self.redis.url
-        self.console.print(f"[green]✓[/green] embedded Redis {self.redis.url} (AOF in {self.redis.data_dir})")
+        self.console.print(f"[green]✓[/green] embedded Redis {redact_url(self.redis.url)} (AOF in {self.redis.data_dir}, "
+                           f"password in {redis_dir / 'password'})")
 
     def _lock_data_dir(self) -> None:
         """Two embedded servers on one AOF folder would corrupt it: one `up` per folder."""
@@ -177,31 +165,32 @@ class Supervisor:
 
     def start_gateway(self, port: int) -> None:
         env = self._child_env()
+        # The gateway offers the model this worker serves (its default, and its
+        # allow-list): a request sent before the worker registers gets a 503, not
+        # a 404, and on a shared Redis another model's workers cannot make it say
+        # "ready" before its own worker is up.
+        env["INFERQ_DEFAULT_MODEL"] = self.model
+        env.setdefault("INFERQ_GATEWAY_MODELS", self.model)
         if self.opts.api_keys is not None:
             env["INFERQ_GATEWAY_API_KEYS"] = self.opts.api_keys
         args = [sys.executable, "-m", "producer.gateway", "--host", self.opts.host, "--port", str(port)]
         self.gateway = Child("gateway", args, env, self.log_dir / "gateway.log")
 
     # -- readiness ------------------------------------------------------
-    def _worker_heartbeating(self, r) -> bool:
-        cutoff = time.time() - 15
-        return bool(r.zcount(keys.workers(self.model), cutoff, "+inf"))
-
-    def _gateway_answers(self, url: str) -> bool:
+    def _gateway_ready(self, url: str) -> Optional[bool]:
+        """The gateway's /ready: True once a live worker serves a model, False
+        while it answers "not ready", None while it is not listening yet."""
         try:
-            with urllib.request.urlopen(f"{url}/health", timeout=1) as resp:
-                return resp.status in (200, 503)
-        except Exception as e:  # an HTTP error status still means it is listening
-            return getattr(e, "code", None) is not None
+            with urllib.request.urlopen(f"{url}/ready", timeout=2) as resp:
+                return resp.status == 200
+        except Exception as e:  # an HTTP error status (503) still means it is listening
+            return False if getattr(e, "code", None) is not None else None
 
     def wait_ready(self, gateway_url: str) -> bool:
-        import redis
-
-        from producer.settings import RedisSettings
-
-        r = redis.Redis.from_url(self.redis_url, **RedisSettings(redis_url=self.redis_url).client_kwargs())
+        """READY is printed only once the gateway itself says it is ready (a live
+        worker serves the model), so the first request after it is served."""
         deadline = time.monotonic() + self.opts.ready_timeout
-        worker_ok = gateway_ok = False
+        gateway_seen = False
         with self.console.status("starting the worker (loading the model) and the gateway…") as status:
             while time.monotonic() < deadline and not self.stop_event.is_set():
                 for child in (self.worker, self.gateway):
@@ -210,19 +199,16 @@ class Supervisor:
                                            f"last lines of {child.log_path}:[/red]")
                         self.console.print(child.tail(), markup=False)
                         return False
-                if not worker_ok and self._worker_heartbeating(r):
-                    worker_ok = True
-                    self.console.print(f"[green]✓[/green] worker serving {self.model} (pid {self.worker.pid})")
-                if not gateway_ok and self._gateway_answers(gateway_url):
-                    gateway_ok = True
+                state = self._gateway_ready(gateway_url)
+                if state is not None and not gateway_seen:
+                    gateway_seen = True
                     self.console.print(f"[green]✓[/green] gateway {gateway_url} (pid {self.gateway.pid})")
-                if worker_ok and gateway_ok:
-                    r.close()
+                if state:
+                    self.console.print(f"[green]✓[/green] worker serving {self.model} (pid {self.worker.pid})")
                     return True
-                status.update(f"waiting for {'the worker' if not worker_ok else 'the gateway'}… "
+                status.update(f"waiting for {'the worker' if gateway_seen else 'the gateway'}… "
                               f"({int(deadline - time.monotonic())}s left)")
                 time.sleep(0.25)
-        r.close()
         if not self.stop_event.is_set():
             self.console.print(f"[red]✗ not ready within {self.opts.ready_timeout:.0f}s; see {self.log_dir}[/red]")
         return False
@@ -239,14 +225,24 @@ class Supervisor:
               f"r = client.chat.completions.create(model=\"{self.model}\", max_tokens=64,\n"
               f"    messages=[{{\"role\": \"user\", \"content\": \"Write a haiku about queues\"}}])\n"
               f"print(r.choices[0].message.content)")
+        # The CLI of the environment `up` runs from (e.g. .venv/bin/inferq), so it pastes as is.
+        venv_cli = Path(sys.executable).parent / "inferq"
+        cli = str(venv_cli) if venv_cli.exists() else "inferq"
         c = self.console
         c.rule(f"[bold green]inferq is ready[/bold green] at {url} (model {self.model})")
         # Examples go out as plain text: no wrapping or borders, so they paste as they are.
         print(f"\n# curl\n{curl}\n\n# python (pip install openai)\n{py}\n\n"
-              f"# CLI in another terminal\nexport INFERQ_REDIS_URL={self.redis_url}\n"
-              f"inferq submit \"The capital of France is\"; inferq status\n", flush=True)
+              f"# CLI in another terminal\nexport INFERQ_REDIS_URL={self._shown_redis_url()}\n"
+              f"{cli} submit \"The capital of France is\"; {cli} status\n", flush=True)
         c.print(f"logs: {self.log_dir}   stop: Ctrl-C")
         c.print(f"READY {url}", markup=False, highlight=False)
+
+    def _shown_redis_url(self) -> str:
+        """The URL to paste, with the embedded server's password read from its file
+        by the shell rather than printed."""
+        if self.redis is None or not self.redis.password:
+            return self.redis_url
+        return f"redis://:$(cat {self.redis.data_dir / 'password'})@{self.redis.host}:{self.redis.port}/0"
 
     def _on_signal(self, signum, frame) -> None:
         if self._stopping:
@@ -307,9 +303,8 @@ class Supervisor:
         if self.gateway:
             self.gateway.stop(timeout=10)
         if self.worker:
-            # The worker drains in-flight jobs on SIGTERM (drain timeout 30 s by default).
-            drain = float(os.environ.get("INFERQ_DRAIN_TIMEOUT", "30"))
-            self.worker.stop(timeout=drain + 15)
+            # The worker drains in-flight jobs on SIGTERM, for the policy's drain timeout.
+            self.worker.stop(timeout=QueuePolicy().drain_timeout + 15)
         if self.redis:
             self.redis.stop()
         self.console.print("[green]✓[/green] stopped")

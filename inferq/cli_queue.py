@@ -7,12 +7,12 @@ import time
 from rich.table import Table
 
 from schemas import Job, keys
-from producer.cli_common import err, friendly_errors, out, producer, safe_url
+from schemas.records import DeadLetter
+from schemas.text import as_str
+from inferq.cli_common import err, friendly_errors, out, producer
+from schemas.connection import redact_url
+from producer.errors import InferqError
 from producer.queue_stats import all_stats, discover_models
-
-
-def _s(v) -> str:
-    return v.decode("utf-8") if isinstance(v, bytes) else str(v)
 
 
 @friendly_errors
@@ -22,7 +22,7 @@ def cmd_status(args) -> int:
     if args.json:
         out.print(json.dumps([s.as_dict() for s in stats], indent=2), markup=False)
         return 0
-    out.print(f"Redis: {safe_url(p.settings.redis_url)}")
+    out.print(f"Redis: {redact_url(p.settings.redis_url)}")
     if not stats:
         out.print("no models yet: no job submitted and no worker registered")
         return 0
@@ -56,7 +56,8 @@ def _models(p, model):
 
 def _entries(p, model, count=None):
     rows = p.redis.xrange(keys.dlq(model), count=count) if count else p.redis.xrange(keys.dlq(model))
-    return [(_s(eid), {_s(k): _s(v) for k, v in f.items()}) for eid, f in rows]
+    # Shown as the strings they are stored as (records.DeadLetter is the one reader).
+    return [(as_str(eid), DeadLetter.from_fields(f).to_fields()) for eid, f in rows]
 
 
 @friendly_errors
@@ -80,7 +81,7 @@ def cmd_dlq(args) -> int:
         for col in ("model", "dlq id", "job id", "code", "reason", "attempts", "failed"):
             t.add_column(col, overflow="fold")
         for r in rows:
-            age = f"{time.time() - float(r['failed_at']):.0f}s ago" if r["failed_at"] else "-"
+            age = f"{time.time() - float(r['failed_at']):.0f}s ago" if float(r["failed_at"] or 0) else "-"
             t.add_row(r["model"], r["dlq_id"], r["job_id"] or "-", r["code"], r["reason"][:120], r["attempts"], age)
         out.print(t)
         return 0
@@ -108,8 +109,10 @@ def cmd_dlq(args) -> int:
 
 def _retry(p, models, wanted: set[str], everything: bool) -> int:
     """Requeue under the same job id, with a fresh reply stream: clients that
-    poll the job see it queued again. Goes through admission (backlog bound)."""
-    from producer.admission import ADMISSION_LUA, interpret, script_args, script_keys
+    poll the job see it queued again. Goes through admission (backlog bound);
+    the old records are replaced inside the admission step, so a refusal
+    (QueueFull, Redis out of memory) leaves the DLQ entry and records intact."""
+    from producer.admission import ADMISSION_LUA, admit as admit_job
 
     admit = p.redis.register_script(ADMISSION_LUA)
     from rich.progress import track
@@ -117,14 +120,23 @@ def _retry(p, models, wanted: set[str], everything: bool) -> int:
     todo = [(m, eid, f) for m in models for eid, f in _entries(p, m) if everything or eid in wanted]
     done, failed = 0, 0
     for m, eid, f in track(todo, description="requeueing", console=err, disable=len(todo) < 20):
+        if '"redacted": true' in f.get("job", ""):
+            err.print(f"[yellow]skip[/yellow] {eid}: its payload was redacted (INFERQ_DLQ_PAYLOAD=redact), so it "
+                      "cannot be run again")
+            failed += 1
+            continue
         try:
             job = Job.model_validate_json(f.get("job", ""))
         except Exception as e:
             err.print(f"[yellow]skip[/yellow] {eid}: the payload is not a valid job ({str(e)[:200]})")
             failed += 1
             continue
-        p.redis.delete(keys.reply(job.id), keys.job_info(job.id), keys.cancel(job.id))
-        interpret(admit(keys=script_keys(job, None), args=script_args(job, None, p.settings)), job, p.settings)
+        try:
+            admit_job(p.redis, admit, job, None, p.settings, reset=True)
+        except InferqError as e:
+            err.print(f"[yellow]not requeued[/yellow] {eid}: {e}")
+            failed += 1
+            continue
         p.redis.xdel(keys.dlq(m), eid)
         out.print(f"requeued job {job.id} (was DLQ entry {eid})")
         done += 1

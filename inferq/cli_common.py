@@ -2,18 +2,11 @@
 from __future__ import annotations
 
 import functools
-import sys
-from urllib.parse import urlparse
 
 from rich.console import Console
 
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False)
-
-
-def safe_url(url: str) -> str:
-    u = urlparse(url)
-    return url.replace(f":{u.password}@", ":***@") if u.password else url
 
 
 def friendly_errors(fn):
@@ -33,7 +26,7 @@ def friendly_errors(fn):
         except redis.exceptions.AuthenticationError as e:
             err.print(f"[red]error:[/red] Redis refused the credentials: {e}")
         except redis.exceptions.ConnectionError as e:
-            url = safe_url(ProducerSettings().redis_url)
+            url = ProducerSettings().safe_url()
             err.print(f"[red]error:[/red] cannot reach Redis at {url} ({e}); start one with `inferq up` "
                       "or set INFERQ_REDIS_URL")
         except ValueError as e:
@@ -47,7 +40,3 @@ def producer():
     from producer import Producer
 
     return Producer()
-
-
-def flush() -> None:
-    sys.stdout.flush()

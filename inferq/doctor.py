@@ -137,7 +137,7 @@ def diagnose(before: Sample, after: Sample) -> Report:
         "generation_tokens_per_s": round(d_gen / seconds, 1),
         "mean_step_ms": round(1000 * (after.step_seconds - before.step_seconds) / steps, 2) if steps else None,
         "max_num_seqs": max_seqs, "max_num_batched_tokens": budget, "num_kv_blocks": blocks,
-        "block_size": block_size,
+        "block_size": block_size, "eos_token_ids": cfg.get("eos_token_ids"),
     }
     findings: list[Finding] = []
     if d_preempt > 0 or (after.kv_usage >= 0.9 and backlog > 0):
@@ -192,7 +192,7 @@ def default_url() -> str:
 def cmd_doctor(args) -> int:
     from rich.table import Table
 
-    from producer.cli_common import err, out
+    from inferq.cli_common import err, out
 
     url = args.metrics_url or default_url()
     try:
@@ -205,8 +205,9 @@ def cmd_doctor(args) -> int:
                   "Pass --metrics-url http://HOST:PORT/metrics (the worker's --metrics-port).")
         return 1
     report = diagnose(before, after)
+    redis_advice = redis_warnings()
     if args.json:
-        out.print(json.dumps(report.as_dict(), indent=2), markup=False)
+        out.print(json.dumps({**report.as_dict(), "redis_warnings": redis_advice}, indent=2), markup=False)
         return 0
     t = Table(title=f"worker at {url}")
     t.add_column("reading")
@@ -217,4 +218,21 @@ def cmd_doctor(args) -> int:
     for f in report.findings:
         colour = "green" if f.limit == "none" else "yellow"
         out.print(f"[bold {colour}]{f.summary}[/bold {colour}]\n  → {f.advice}")
+    for w in redis_advice:
+        out.print(f"[bold yellow]Redis:[/bold yellow] {w}")
     return 0
+
+
+def redis_warnings() -> list[str]:
+    """The queue's Redis (INFERQ_REDIS_URL) checked for eviction and persistence."""
+    from schemas.redis_checks import queue_warnings
+    from schemas.connection import sync_client
+    from producer.settings import ProducerSettings
+
+    r = sync_client(ProducerSettings())
+    try:
+        return queue_warnings(r)
+    except Exception as e:
+        return [f"cannot reach Redis to check its configuration: {e}"]
+    finally:
+        r.close()

@@ -1,7 +1,7 @@
 """The `inferq` command line: argument parsing and dispatch only.
 
-Each command's work lives next to what it drives (producer.up, producer.doctor,
-producer.cli_jobs, producer.cli_queue). Heavy imports (torch, the worker,
+Each command's work lives next to what it drives (inferq.up, inferq.doctor,
+inferq.cli_jobs, inferq.cli_queue, producer.gateway.cli). Heavy imports (torch, the worker,
 uvicorn) happen inside the command that needs them.
 """
 from __future__ import annotations
@@ -41,10 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
     w = sub.add_parser("worker", help="run a GPU/CPU worker (all arguments go to the worker)", add_help=False)
     w.add_argument("args", nargs=argparse.REMAINDER)
 
-    g = sub.add_parser("gateway", help="run the OpenAI-compatible HTTP gateway")
-    g.add_argument("--host", default=None)
-    g.add_argument("--port", type=int, default=None)
-    g.add_argument("--log-level", default="info")
+    from producer.gateway.cli import add_arguments as add_gateway_arguments
+
+    add_gateway_arguments(sub.add_parser("gateway", help="run the OpenAI-compatible HTTP gateway"))
 
     s = sub.add_parser("submit", help="submit a job and print its text as it streams")
     s.add_argument("prompt")
@@ -86,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     doc.add_argument("--interval", type=float, default=5.0, help="seconds between the two samples")
     doc.add_argument("--json", action="store_true")
 
-    # Listed for --help only: main() hands `bench ...` to producer.bench.cli untouched.
+    # Listed for --help only: main() hands `bench ...` to inferq.bench_cli untouched.
     sub.add_parser("bench", help="benchmarks: serve (load-test a running inferq), modes, offline", add_help=False)
     return parser
 
@@ -95,12 +94,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     # `inferq worker ...` passes everything through untouched (incl. --help).
     if argv and argv[0] == "worker":
-        from producer.cli_jobs import run_worker
+        from inferq.cli_jobs import run_worker
 
         return run_worker(argv[1:])
     # `inferq bench serve|modes|offline ...` has its own parser (modes/offline pass through to gpuworker.bench).
     if argv and argv[0] == "bench":
-        from producer.bench.cli import main as bench_main
+        from inferq.bench_cli import main as bench_main
 
         return bench_main(argv[1:])
     parser = build_parser()
@@ -117,25 +116,25 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 def _dispatch(args, parser) -> int:
     cmd = args.command
     if cmd == "up":
-        from producer.up import UpOptions, run_up
+        from inferq.up import UpOptions, run_up
 
         return run_up(UpOptions.from_args(args))
     if cmd == "gateway":
-        from producer.cli_jobs import run_gateway
+        from producer.gateway.cli import run as run_gateway
 
         return run_gateway(args)
     if cmd in ("submit", "stream", "cancel"):
-        from producer import cli_jobs
+        from inferq import cli_jobs
 
         return getattr(cli_jobs, f"cmd_{cmd}")(args)
     if cmd in ("status", "dlq"):
-        from producer import cli_queue
+        from inferq import cli_queue
 
         if cmd == "dlq" and not args.dlq_command:
             parser.parse_args(["dlq", "--help"])
         return getattr(cli_queue, f"cmd_{cmd}")(args)
     if cmd == "doctor":
-        from producer.doctor import cmd_doctor
+        from inferq.doctor import cmd_doctor
 
         return cmd_doctor(args)
     parser.error(f"unknown command {cmd}")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import secrets
 import shutil
 import socket
 import subprocess
@@ -15,9 +16,25 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from inferq.processes import terminate
+
 
 class EmbeddedRedisError(RuntimeError):
     pass
+
+
+def stored_password(data_dir: str | Path) -> str:
+    """The embedded server's password: made at random on first use and kept
+    (mode 0600) beside its data, so a restart on the same data keeps it."""
+    path = Path(data_dir) / "password"
+    if path.is_file():
+        return path.read_text().strip()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    password = secrets.token_urlsafe(24)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(password + "\n")
+    return password
 
 
 def bundled_redis_server() -> Optional[str]:
@@ -79,8 +96,9 @@ class EmbeddedRedis:
         return f"redis://{auth}{self.host}:{self.port}/0"
 
     def command(self) -> list[str]:
-        args = [
-            self.binary,
+        # The password goes in a config file (0600), never on the command line
+        # where any local user's `ps` would read it.
+        args = [self.binary] + ([str(self._auth_conf())] if self.password else []) + [
             "--port", str(self.port),
             "--bind", self.host,
             "--dir", str(self.data_dir),
@@ -91,9 +109,15 @@ class EmbeddedRedis:
             "--logfile", str(self.log_path),
             "--daemonize", "no",
         ]
-        if self.password:
-            args += ["--requirepass", self.password]
         return args
+
+    def _auth_conf(self) -> Path:
+        path = self.data_dir / "auth.conf"
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(f'requirepass "{self.password}"\n')
+        return path
 
     def start(self, timeout: float = 15.0) -> "EmbeddedRedis":
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -126,14 +150,8 @@ class EmbeddedRedis:
 
     def stop(self, timeout: float = 10.0) -> None:
         """SIGTERM makes redis-server flush the AOF and exit."""
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        if self.proc is not None:
+            terminate(self.proc, timeout)
 
     def __enter__(self) -> "EmbeddedRedis":
         return self.start()

@@ -6,10 +6,11 @@ this process, so they are handed to gpuworker.bench, imported only then.
 from __future__ import annotations
 
 import argparse
+import importlib
 import math
 import sys
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 USAGE = """usage: inferq bench {serve,modes,offline} [options]
 
@@ -143,22 +144,22 @@ def cmd_serve(argv: Sequence[str]) -> int:
     return 0 if result["completed"] else 1
 
 
-def cmd_modes(argv: Sequence[str]) -> int:
-    try:
-        from gpuworker.bench.modes import main as modes_main
-    except ImportError as e:
-        print(f"error: `bench modes` runs the engine and needs the worker extra (torch etc.): {e}", file=sys.stderr)
-        return 1
-    return int(modes_main(list(argv)) or 0)
+def engine_bench(name: str) -> Callable[[Sequence[str]], int]:
+    """`bench modes|offline`: gpuworker.bench.<name> in this process (needs the worker extra)."""
+
+    def run(argv: Sequence[str]) -> int:
+        try:
+            main = importlib.import_module(f"gpuworker.bench.{name}").main
+        except ImportError as e:
+            print(f"error: `bench {name}` runs the engine and needs the worker extra (torch etc.): {e}",
+                  file=sys.stderr)
+            return 1
+        return int(main(list(argv)) or 0)
+
+    return run
 
 
-def cmd_offline(argv: Sequence[str]) -> int:
-    try:
-        from gpuworker.bench.offline import main as offline_main
-    except ImportError as e:
-        print(f"error: `bench offline` runs the engine and needs the worker extra (torch etc.): {e}", file=sys.stderr)
-        return 1
-    return int(offline_main(list(argv)) or 0)
+cmd_modes, cmd_offline = engine_bench("modes"), engine_bench("offline")
 
 
 COMMANDS = {"serve": cmd_serve, "modes": cmd_modes, "offline": cmd_offline}

@@ -1,12 +1,11 @@
-"""CLI commands that run a process or follow one job: worker, gateway, submit,
-stream, cancel."""
+"""CLI commands that run the worker or follow one job: worker, submit, stream,
+cancel."""
 from __future__ import annotations
 
 import json
 import sys
-import time
 
-from producer.cli_common import err, friendly_errors, out, producer
+from inferq.cli_common import err, friendly_errors, out, producer
 
 
 def run_worker(argv: list[str]) -> int:
@@ -18,16 +17,6 @@ def run_worker(argv: list[str]) -> int:
         return 1
     rc = worker_main(argv)
     return int(rc or 0)
-
-
-def run_gateway(args) -> int:
-    from producer.gateway import serve
-    from producer.gateway.config import GatewaySettings
-
-    overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
-    settings = GatewaySettings(**overrides)
-    serve(settings, log_level=args.log_level)
-    return 0
 
 
 def _sampling(args) -> dict:
@@ -104,11 +93,3 @@ def cmd_cancel(args) -> int:
         out.print(f"job {args.job_id} had already finished ({h.status().get('status')})")
     return 0
 
-
-def wait_until(pred, timeout: float, interval: float = 0.2) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if pred():
-            return True
-        time.sleep(interval)
-    return pred()

@@ -1,0 +1,142 @@
+"""The pure core of reading a reply stream: which events count, and what they add up to.
+
+``ReplyFilter`` accepts the events of the attempt a reader follows: a higher
+attempt (or its ``restarted`` event) raises the accepted attempt, and events of
+lower attempts or repeated ``(attempt, seq)`` pairs are dropped. ``Assembly``
+folds accepted events into the job's output, starting over on each new attempt;
+for readers that already showed text (an OpenAI stream cannot take text back)
+``feed`` returns only what goes beyond what was shown. No I/O here.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from schemas.events import TERMINAL_TYPES, DoneEvent
+
+
+class ReplyGap(Exception):
+    """Events a reader needs are missing from the reply stream (trimmed, or lost
+    with a Redis that kept no data): the output would be silently incomplete."""
+
+    def __init__(self, attempt: int, expected: int, got: int):
+        self.attempt, self.expected, self.got = attempt, expected, got
+        super().__init__(f"the reply stream lost events of attempt {attempt}: expected seq {expected}, got {got}; "
+                         "the output cannot be trusted (was the stream trimmed?)")
+
+
+class ReplyFilter:
+    """Drops entries of superseded attempts and repeated (attempt, seq) pairs,
+    which a retried publish or a worker that lost its lease may leave behind,
+    and raises ReplyGap when an accepted attempt skips a ``seq``: every attempt
+    numbers its events 0, 1, 2, ... A reader that resumes mid-stream
+    (``from_start`` False) takes its first event's seq as given."""
+
+    def __init__(self, from_start: bool = True) -> None:
+        self.attempt = 0
+        self.last_seq = -1
+        self.from_start = from_start
+
+    def accept(self, ev) -> bool:
+        if ev.attempt < self.attempt:
+            return False
+        if ev.attempt > self.attempt or (not self.from_start and self.last_seq < 0):
+            # A new attempt starts at seq 0, unless we joined in its middle.
+            if ev.seq != 0 and (self.from_start or self.last_seq >= 0):
+                raise ReplyGap(ev.attempt, 0, ev.seq)
+            self.attempt, self.last_seq = ev.attempt, ev.seq
+            return True
+        if ev.seq <= self.last_seq:
+            return False
+        if ev.seq != self.last_seq + 1:
+            raise ReplyGap(ev.attempt, self.last_seq + 1, ev.seq)
+        self.last_seq = ev.seq
+        return True
+
+
+def is_final(ev) -> bool:
+    return ev.type in TERMINAL_TYPES
+
+
+@dataclass
+class Piece:
+    """New visible output from one event."""
+
+    text: str
+    token_ids: list[int]
+    logprobs: Optional[list[dict[int, float]]]
+
+
+@dataclass
+class Assembly:
+    attempt: int = 0
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[dict[int, float]] = field(default_factory=list)
+    has_logprobs: bool = False  # the attempt sent logprobs (possibly none yet)
+    prompt_token_ids: Optional[list[int]] = None  # with prompt_logprobs, from the first delta
+    prompt_logprobs: Optional[list[Optional[dict[int, float]]]] = None
+    finish_reason: Optional[str] = None
+    usage: Optional[dict] = None
+    timings: Optional[dict] = None
+    done: Optional[DoneEvent] = None  # the accepted final event, when it is a ``done``
+    error_code: Optional[str] = None
+    error_message: Optional[str] = None
+    worker: Optional[str] = None
+    restarts: int = 0
+    finished: bool = False
+    # What a streaming client has already been sent (characters / tokens).
+    shown_chars: int = 0
+    shown_tokens: int = 0
+    _filter: ReplyFilter = field(default_factory=ReplyFilter, repr=False)
+
+    def feed(self, event) -> Optional[Piece]:
+        if not self._filter.accept(event):
+            return None  # a repeat, or a late write from a superseded attempt
+        if event.attempt > self.attempt:
+            self._restart(event.attempt)
+        kind = event.type
+        if kind == "restarted":
+            self._restart(event.attempt, force=True)
+        elif kind == "started":
+            self.worker = event.worker
+        elif kind == "delta":
+            self.text += event.text
+            self.token_ids += event.token_ids
+            if event.logprobs is not None:
+                self.has_logprobs = True
+                self.logprobs += event.logprobs
+            if event.prompt_logprobs is not None:
+                self.prompt_token_ids, self.prompt_logprobs = event.prompt_token_ids, event.prompt_logprobs
+            return self._unshown()
+        elif kind == "done":
+            self.done = event
+            self.finish_reason = event.finish_reason
+            self.usage = event.usage.model_dump()
+            self.timings = event.timings.model_dump()
+        elif kind == "error":
+            self.error_code, self.error_message = event.code, event.message
+        if kind in TERMINAL_TYPES:
+            self.finished = True
+        return None
+
+    def _restart(self, attempt: int, force: bool = False) -> None:
+        if attempt == self.attempt and not force:
+            return
+        if self.text or self.token_ids:
+            self.restarts += 1
+        self.attempt = attempt
+        self.text, self.token_ids, self.logprobs, self.has_logprobs = "", [], [], False
+        self.prompt_token_ids = self.prompt_logprobs = None
+
+    def _unshown(self) -> Optional[Piece]:
+        if len(self.text) <= self.shown_chars and len(self.token_ids) <= self.shown_tokens:
+            return None
+        piece = Piece(
+            text=self.text[self.shown_chars:],
+            token_ids=self.token_ids[self.shown_tokens:],
+            logprobs=self.logprobs[self.shown_tokens:] if self.logprobs else None,
+        )
+        self.shown_chars = max(self.shown_chars, len(self.text))
+        self.shown_tokens = max(self.shown_tokens, len(self.token_ids))
+        return piece

@@ -1,0 +1,22 @@
+-- The attempt's final "done" event, the final status, then ack + delete.
+-- KEYS: 1 job stream, 2 job record, 3 reply stream, 4 cancel flag
+-- ARGV: 1 group, 2 entry id, 3 consumer, 4 attempt, 5 ttl (s) after the end, 6 reply maxlen,
+--       7 event type, 8 event data, 9.. n record fields as (field, value) pairs
+-- Returns 1; 2 when this very finish already happened (a pipeline re-sent after a
+-- dropped connection); 0 when refused: the caller lost the entry or the attempt.
+if not (owns_entry(KEYS[1], ARGV[1], ARGV[2], ARGV[3]) and owns_attempt(KEYS[2], ARGV[4])) then
+  local rec = redis.call("HMGET", KEYS[2], "worker", "attempt", "finished_at")
+  if rec[1] == ARGV[3] and rec[2] == ARGV[4] and rec[3] then
+    return 2
+  end
+  return 0
+end
+local fields = pairs_at(9)
+redis.call("XADD", KEYS[3], "MAXLEN", "~", ARGV[6], "*", "type", ARGV[7], "data", ARGV[8])
+redis.call("HSET", KEYS[2], unpack(fields))
+redis.call("EXPIRE", KEYS[2], tonumber(ARGV[5]))
+redis.call("EXPIRE", KEYS[3], tonumber(ARGV[5]))
+redis.call("DEL", KEYS[4])
+redis.call("XACK", KEYS[1], ARGV[1], ARGV[2])
+redis.call("XDEL", KEYS[1], ARGV[2])
+return 1

@@ -1,0 +1,37 @@
+"""scripts/measure_redis_cost.py, small: it runs end to end against a real
+redis-server and a real worker, and its accounting adds up (events per job,
+the per-token command mix)."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.timeout(600)
+def test_measure_redis_cost_smoke(tmp_path):
+    out = tmp_path / "cost.json"
+    tokens = 8
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "measure_redis_cost.py"), "--jobs", "4",
+                        "--tokens", str(tokens), "--idle-s", "1", "--lease-held", "16", "--no-aof",
+                        "--json", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=540,
+                       env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    d = json.loads(out.read_text())
+    # queued, started, 1 delta, done; then one more delta per extra token.
+    assert d["events_short_phase_per_job"] == 4
+    assert d["events_long_phase_per_job"] == 3 + tokens
+    ev = d["per_event"]
+    # Each extra token: exactly one reply XADD; the cancel EXISTS is per job in
+    # flight per publish round trip, so about one per token.
+    assert ev["calls"]["xadd"] == pytest.approx(1.0)
+    assert 0.5 <= ev["calls"]["exists"] <= 2.0
+    assert 2.0 <= ev["commands"] <= 4.0
+    assert ev["bytes_in"] > 0 and ev["cpu_us"] > 0
+    job = d["per_job"]
+    assert job["calls"]["evalsha"] == 1.0 and job["calls"]["xack"] == 1.0 and job["calls"]["xdel"] == 1.0
+    assert d["lease_refresh_round"]["calls"] == {"xclaim": 1.0, "xpending": 1.0}
