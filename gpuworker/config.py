@@ -1,10 +1,46 @@
 """Engine configuration: every knob of one engine instance in one place."""
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Optional
 
 import torch
+
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+           "fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_bf16_support() -> Optional[str]:
+    """The CPU feature that makes bfloat16 matmuls fast here ("amx_bf16" or
+    "avx512_bf16"), or None. Read from /proc/cpuinfo (Linux); elsewhere from
+    torch's dispatch capability, which reports AVX512 but not the BF16 extension,
+    so non-Linux hosts fall back to float32."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+                    for feature in ("amx_bf16", "avx512_bf16"):
+                        if feature in flags:
+                            return feature
+                    return None
+    except OSError:
+        pass
+    return None
+
+
+def default_dtype(device: torch.device) -> tuple[torch.dtype, str]:
+    """The dtype used when none is asked for, and why (for the log and doctor)."""
+    if device.type == "cuda":
+        return torch.bfloat16, "CUDA device"
+    if device.type == "cpu":
+        feature = cpu_bf16_support()
+        if feature:
+            return torch.bfloat16, f"CPU has {feature}"
+        return torch.float32, "CPU lacks AVX512-BF16/AMX"
+    return torch.float32, f"{device.type} device"
 
 
 @dataclass
@@ -22,9 +58,11 @@ class EngineConfig:
     num_kv_blocks: Optional[int] = None  # overrides the memory-based sizing
     kv_cache_memory: Optional[int] = None  # bytes for K+V of all layers
     gpu_memory_utilization: float = 0.9
-    dtype: Optional[str] = None  # None: float32 on CPU, bfloat16 on CUDA
+    dtype: Optional[str] = None  # None: bfloat16 on CUDA and on CPUs with AVX512-BF16/AMX, else float32
     device: Optional[str] = None  # None: cuda if available, else cpu
     enforce_eager: bool = False  # True: no CUDA graphs for decode steps
+    # CPU bfloat16: prepack matmul weights for oneDNN once at load (None/True: where it works).
+    prepack_weights: Optional[bool] = None
 
     # Default KV budget on CPU, where there is no memory profiling to do.
     CPU_KV_CACHE_BYTES = 2 * 1024**3
@@ -45,13 +83,14 @@ class EngineConfig:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
     def resolved_dtype(self, device: torch.device) -> torch.dtype:
-        if self.dtype:
-            table = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
-                     "fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-            if self.dtype not in table:
-                raise ValueError(f"unknown dtype {self.dtype!r}; choose one of {sorted(table)}")
-            return table[self.dtype]
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
+        return self.resolved_dtype_and_reason(device)[0]
+
+    def resolved_dtype_and_reason(self, device: torch.device) -> tuple[torch.dtype, str]:
+        if self.dtype and self.dtype != "auto":
+            if self.dtype not in _DTYPES:
+                raise ValueError(f"unknown dtype {self.dtype!r}; choose one of {sorted(_DTYPES)} or auto")
+            return _DTYPES[self.dtype], "asked for"
+        return default_dtype(device)
 
     def resolved_backend(self, device: torch.device) -> str:
         if self.attention_backend:

@@ -14,6 +14,9 @@ import pytest
 # Two shared cores: keep torch from oversubscribing them.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Workers started by tests run in float32 (the product default is bfloat16 on CPUs
+# with AVX512-BF16/AMX): runs compared token for token stay batch-invariant enough.
+os.environ.setdefault("INFERQ_DTYPE", "float32")
 # Without a GPU the Triton kernels run interpreted; the switch is read when
 # triton is first imported, so it is set before anything can import it.
 if not os.path.exists("/dev/nvidia0"):

@@ -33,6 +33,8 @@ class AttentionMetadata:
     # Host copies so backends can plan without a device sync.
     query_lens_cpu: list[int]
     seq_lens_cpu: list[int]
+    # True when the runner knows every slot is >= 0 (saves backends a device check).
+    all_slots_valid: bool = False
 
     @property
     def num_seqs(self) -> int:

@@ -94,8 +94,8 @@ class TorchAttentionBackend(AttentionBackend):
     # ------------------------------------------------------------------ planning
     def _make_plan(self, meta: AttentionMetadata, num_heads: int, groups: int, dtype, device) -> _Plan:
         slots = meta.slot_mapping
-        valid = slots >= 0
-        if bool(valid.all()):
+        valid = None if meta.all_slots_valid else slots >= 0
+        if valid is None or bool(valid.all()):
             plan = _Plan(write_slots=slots, write_rows=None)
         else:
             rows = valid.nonzero().squeeze(1)

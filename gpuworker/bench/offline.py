@@ -135,17 +135,28 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=2, help="torch threads, the same for every system")
     p.add_argument("--repeats", type=int, default=1, help="runs per system; the median is reported")
-    p.add_argument("--dtype", default=None, help="float32 (CPU default) | bfloat16 (CUDA default) | float16")
+    p.add_argument("--dtype", default=None, help="auto (default: bfloat16 on CUDA or CPUs with AVX512-BF16/AMX, else float32) | float32 | bfloat16 | float16")
     p.add_argument("--device", default=None)
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
     p.add_argument("--static-batch-size", type=int, default=16)
-    p.add_argument("--peers", default="static,generate_batch", help="comma list: static, generate_batch, or none")
+    p.add_argument("--peers", default="static,generate_batch",
+                   help="comma list: static, generate_batch, vllm (its own venv, see --vllm-python), or none")
+    p.add_argument("--vllm-python", default=None,
+                   help="Python of vLLM's virtual environment (default: $INFERQ_VLLM_PYTHON; scripts/setup_vllm_peer.sh makes one)")
     p.add_argument("--json", default=None, help="also write the results here")
+    p.add_argument("--step", action="store_true",
+                   help="instead: per-step host time at batch 1/64/256 on a tiny model (see `--step --help`)")
     return p.parse_args(argv)
 
 
 def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--step" in argv:  # the per-step host overhead benchmark (gpuworker/bench/step.py)
+        from gpuworker.bench.step import main as step_main
+
+        argv.remove("--step")
+        return step_main(argv)
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     from gpuworker import LLM
@@ -164,11 +175,36 @@ def main(argv=None) -> int:
           f"device {eng.device}, {dtype}, {args.threads} torch threads", flush=True)
 
     warm = make_workload(4, 8, 32, 4, 8, eng.model_config.vocab_size, args.seed + 1)
-    run_inferq(llm, warm)
-    results = [Result("inferq", timed(lambda: run_inferq(llm, wl), args.repeats), wl.output_tokens)]
-    print(f"  inferq: {results[-1].median_s:.1f} s", flush=True)
-
     peers = [x for x in args.peers.split(",") if x and x != "none"]
+    unknown = set(peers) - {"static", "generate_batch", "vllm"}
+    if unknown:
+        raise SystemExit(f"unknown peer(s) {sorted(unknown)}; choose static, generate_batch, vllm")
+    vllm = None
+    if "vllm" in peers:
+        from gpuworker.bench.vllm_peer import VllmPeer, vllm_python
+
+        folder, _, _ = resolve_model_folder(args.model)
+        vllm = VllmPeer(vllm_python(args.vllm_python), str(folder), wl.prompts, wl.output_lens,
+                        dtype=str(dtype).removeprefix("torch."), max_num_seqs=args.max_num_seqs,
+                        max_num_batched_tokens=args.max_num_batched_tokens, threads=args.threads)
+        print(f"  vLLM ready after {vllm.startup_s:.0f} s (load, compile, warm-up)", flush=True)
+    run_inferq(llm, warm)
+    ours_s, vllm_s = [], []
+    try:
+        # Interleaved (inferq, vLLM, inferq, vLLM, ...): both see the same machine load.
+        for _ in range(args.repeats):
+            ours_s += timed(lambda: run_inferq(llm, wl), 1)
+            if vllm is not None:
+                vllm_s.append(vllm.run())
+    finally:
+        if vllm is not None:
+            vllm.close()
+    results = [Result("inferq", ours_s, wl.output_tokens)]
+    print(f"  inferq: {results[-1].median_s:.1f} s {[round(x, 1) for x in ours_s]}", flush=True)
+    if vllm is not None:
+        results.append(Result("vLLM LLM.generate", vllm_s, wl.output_tokens))
+        print(f"  {results[-1].system}: {results[-1].median_s:.1f} s {[round(x, 1) for x in vllm_s]}", flush=True)
+    peers = [x for x in peers if x != "vllm"]
     if peers:
         from transformers import AutoModelForCausalLM
 

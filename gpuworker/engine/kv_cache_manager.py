@@ -13,6 +13,10 @@ class KVCacheManager:
         self.enable_caching = enable_prefix_caching
         self.pool = BlockPool(num_blocks, enable_prefix_caching)
         self.req_blocks: dict[str, list[KVCacheBlock]] = {}
+        # The same tables as plain block ids, appended as blocks are allocated, so the
+        # model runner copies only new entries into its persistent block table. A
+        # request that is freed and allocated again gets a new list object.
+        self.req_block_ids: dict[str, list[int]] = {}
         # How many leading blocks of each request are already in the cache index.
         self._num_cached_blocks: dict[str, int] = {}
         self.prefix_queries = 0  # tokens looked up
@@ -63,6 +67,7 @@ class KVCacheManager:
         the pool cannot supply the blocks."""
         computed_blocks = computed_blocks or []
         blocks = self.req_blocks.setdefault(req.request_id, [])
+        ids = self.req_block_ids.setdefault(req.request_id, [])
         num_computed = req.num_computed_tokens + len(computed_blocks) * self.block_size
         total_tokens = num_computed + num_new_tokens
         needed = -(-total_tokens // self.block_size) - len(blocks) - len(computed_blocks)
@@ -71,13 +76,17 @@ class KVCacheManager:
         if needed > self.pool.num_free_blocks - revived:
             if not blocks:
                 del self.req_blocks[req.request_id]
+                del self.req_block_ids[req.request_id]
             return False
         if computed_blocks:
             self.pool.touch(computed_blocks)
             blocks.extend(computed_blocks)
+            ids.extend(b.block_id for b in computed_blocks)
             self._num_cached_blocks[req.request_id] = len(blocks)
         if needed > 0:
-            blocks.extend(self.pool.allocate(needed))
+            new = self.pool.allocate(needed)
+            blocks.extend(new)
+            ids.extend(b.block_id for b in new)
         return True
 
     def cache_computed_blocks(self, req: Request) -> None:
@@ -99,6 +108,7 @@ class KVCacheManager:
 
     def free(self, req: Request) -> None:
         blocks = self.req_blocks.pop(req.request_id, None)
+        self.req_block_ids.pop(req.request_id, None)
         self._num_cached_blocks.pop(req.request_id, None)
         if blocks:
             # Tail first: the end of a chain is the least likely to be shared,
@@ -106,7 +116,7 @@ class KVCacheManager:
             self.pool.free(reversed(blocks))
 
     def block_ids(self, request_id: str) -> list[int]:
-        return [b.block_id for b in self.req_blocks.get(request_id, ())]
+        return list(self.req_block_ids.get(request_id, ()))
 
     # -- observability --------------------------------------------------------
     @property
@@ -121,6 +131,7 @@ class KVCacheManager:
         for rid, blocks in self.req_blocks.items():
             if live_request_ids is not None:
                 assert rid in live_request_ids, f"finished request {rid} still holds blocks"
+            assert self.req_block_ids.get(rid) == [b.block_id for b in blocks], f"block id list of {rid} out of step"
             for b in blocks:
                 refs[b.block_id] = refs.get(b.block_id, 0) + 1
         self.pool.check_invariants(refs)

@@ -30,13 +30,18 @@ class LLMEngine:
     def __init__(self, config: Optional[EngineConfig] = None, **kwargs):
         self.config = config = config or EngineConfig(**kwargs)
         self.device = config.resolved_device()
-        dtype = config.resolved_dtype(self.device)
+        dtype, why = config.resolved_dtype_and_reason(self.device)
+        self.dtype = dtype
+        log.info("engine dtype %s on %s (%s)", str(dtype).removeprefix("torch."), self.device, why)
         self.backend = get_backend(config.resolved_backend(self.device))
         loaded = load_model(config.model, dtype=dtype, device=self.device, backend=self.backend)
         self.model = loaded.model
         self.model_config = loaded.config
         self.tokenizer = loaded.tokenizer
         self.model_name = config.served_model_name or loaded.name
+        if config.prepack_weights is not False and self.device.type == "cpu" and hasattr(self.model, "prepack_cpu_weights"):
+            if self.model.prepack_cpu_weights():
+                log.info("matmul weights prepacked for oneDNN (CPU %s)", str(dtype).removeprefix("torch."))
         self.eos_token_ids = tuple(loaded.config.eos_token_ids)
 
         mc = loaded.config
@@ -61,7 +66,8 @@ class LLMEngine:
             policy=config.scheduling_policy,
             enable_chunked_prefill=config.enable_chunked_prefill,
         )
-        self.runner = ModelRunner(self.model, self.kv_caches, config.block_size, self.device)
+        self.runner = ModelRunner(self.model, self.kv_caches, config.block_size, self.device,
+                                  max_num_seqs=config.max_num_seqs, max_model_len=self.max_model_len)
         if self.device.type == "cuda" and self.backend.name == "triton" and not config.enforce_eager:
             from gpuworker.engine.cuda_graphs import DecodeGraphs
 
@@ -72,6 +78,7 @@ class LLMEngine:
         self.requests: dict[str, Request] = {}
         self._with_deadline: set[str] = set()
         self.num_steps = 0
+        self.last_step_times = None  # (schedule s, runner StepTimes, output/detokenize s)
         self.num_generated_tokens = 0
         self.num_prompt_tokens = 0
 
@@ -147,11 +154,14 @@ class LLMEngine:
 
     # -- the step -------------------------------------------------------------
     def step(self) -> list[RequestDelta]:
+        t0 = time.perf_counter()
         deltas = self._expire_deadlines()
         sched = self.scheduler.schedule()
         if not sched:
             return deltas
+        t1 = time.perf_counter()
         sampled = self.runner.execute(sched, self.kv)
+        t2 = time.perf_counter()
         for s in sched.scheduled:
             self.kv.cache_computed_blocks(s.request)
         self.num_steps += 1
@@ -163,6 +173,8 @@ class LLMEngine:
             d = self._on_token(st.scheduled.request, st.token_id, st.logprobs)
             if d is not None:
                 deltas.append(d)
+        # Host time split of this step (seconds), read by `inferq bench offline --step`.
+        self.last_step_times = (t1 - t0, self.runner.last_times, time.perf_counter() - t2)
         return deltas
 
     def _on_token(self, req: Request, token: int, logprobs) -> Optional[RequestDelta]:

@@ -1,15 +1,36 @@
-"""Runs one scheduled step through the model: flatten, forward, sample."""
+"""Runs one scheduled step through the model: flatten, forward, sample.
+
+Host work per step is kept small and off the device's critical path, in the
+manner of vLLM V1's persistent batch and nano-vllm's pinned buffers:
+
+* every request owns a row of a persistent block table (host array); each step
+  copies in only the block ids allocated since the last step, instead of
+  rebuilding every table from Python lists;
+* positions, slot mapping, query start offsets, sequence lengths and the rows
+  that sample are computed with vectorised numpy over per-request scalars;
+* all integer inputs of the step (token ids, positions, slots, offsets, lengths,
+  block tables, sampled rows) are packed into ONE staging buffer (pinned on
+  CUDA) and moved with ONE non-blocking host->device copy; the device tensors
+  are views of that copy;
+* the only device->host transfer of a step is the sampled token ids (plus
+  logprobs when a request asks for them), done by the sampler.
+
+``num_device_syncs`` counts the blocking device->host transfers the runner and
+sampler make (the sampler's ``.tolist()``), for ``inferq bench step``.
+"""
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from typing import Optional
 
+import numpy as np
 import torch
 
 from gpuworker.attention.base import AttentionMetadata
 from gpuworker.engine.kv_cache_manager import KVCacheManager
 from gpuworker.engine.prompt_logprobs import collect_prompt_logprobs
-from gpuworker.engine.sampler import Sampler, SamplingRow
+from gpuworker.engine.sampler import Sampler, SamplingRow, _is_plain_greedy
 from gpuworker.engine.scheduler import ScheduledRequest, SchedulerOutput
 
 
@@ -20,84 +41,219 @@ class SampledToken:
     logprobs: Optional[dict[int, float]]
 
 
+@dataclass
+class StepTimes:
+    """Host wall time of the parts of the last step (seconds), for bench step."""
+
+    prepare: float = 0.0
+    forward: float = 0.0
+    sample: float = 0.0
+    syncs: int = 0  # blocking device->host transfers in this step
+
+
+class PersistentBlockTable:
+    """One host row of block ids per live request, filled incrementally.
+
+    A row is reused while the request keeps the same block list object in the
+    KV manager (a freed and re-allocated request gets a new list, so its row is
+    rewritten from scratch). Rows of requests that no longer hold blocks are
+    reclaimed when the table runs out of rows."""
+
+    def __init__(self, num_rows: int, max_blocks: int) -> None:
+        self.table = np.zeros((num_rows, max(1, max_blocks)), dtype=np.int64)
+        self.filled = np.zeros(num_rows, dtype=np.int64)
+        self.free_rows = list(range(num_rows - 1, -1, -1))
+        self.row_of: dict[str, int] = {}
+        self.src_of: dict[str, list[int]] = {}
+
+    def _grow(self, rows: int = 0, width: int = 0) -> None:
+        n, w = self.table.shape
+        rows, width = max(rows, n), max(width, w)
+        if (rows, width) == (n, w):
+            return
+        table = np.zeros((rows, width), dtype=np.int64)
+        table[:n, :w] = self.table
+        self.table = table
+        filled = np.zeros(rows, dtype=np.int64)
+        filled[:n] = self.filled
+        self.filled = filled
+        self.free_rows = list(range(rows - 1, n - 1, -1)) + self.free_rows
+
+    def _reclaim(self, live: dict[str, list[int]]) -> None:
+        for rid in [r for r, src in self.src_of.items() if live.get(r) is not src]:
+            self.free_rows.append(self.row_of.pop(rid))
+            del self.src_of[rid]
+
+    def rows_for(self, request_ids: list[str], kv: KVCacheManager) -> np.ndarray:
+        """Row index of each request, after bringing its row up to date."""
+        live = kv.req_block_ids
+        out = np.empty(len(request_ids), dtype=np.int64)
+        for i, rid in enumerate(request_ids):
+            ids = live[rid]
+            row = self.row_of.get(rid)
+            if row is None or self.src_of[rid] is not ids:
+                if row is None:
+                    if not self.free_rows:
+                        self._reclaim(live)
+                    if not self.free_rows:
+                        self._grow(rows=2 * self.table.shape[0])
+                    row = self.free_rows.pop()
+                    self.row_of[rid] = row
+                self.src_of[rid] = ids
+                self.filled[row] = 0
+            have, n = int(self.filled[row]), len(ids)
+            if n < have:  # the list shrank in place: rewrite the row
+                have = 0
+            if n > have:
+                if n > self.table.shape[1]:
+                    self._grow(width=max(n, 2 * self.table.shape[1]))
+                self.table[row, have:n] = ids[have:n]
+                self.filled[row] = n
+            out[i] = row
+        return out
+
+
 class ModelRunner:
-    def __init__(self, model, kv_caches, block_size: int, device: torch.device):
+    def __init__(self, model, kv_caches, block_size: int, device: torch.device,
+                 max_num_seqs: int = 256, max_model_len: int = 8192):
         self.model = model
         self.kv_caches = kv_caches
         self.block_size = block_size
         self.device = device
         self.sampler = Sampler()
         self.graphs = None  # DecodeGraphs on CUDA, set by the engine after capture
+        self.tables = PersistentBlockTable(2 * max_num_seqs, -(-max_model_len // block_size))
+        self._staging: Optional[torch.Tensor] = None  # pinned on CUDA, grow-only
+        self.num_device_syncs = 0
+        self.last_times = StepTimes()
+
+    def _stage(self, n: int) -> torch.Tensor:
+        buf = self._staging
+        if buf is None or buf.numel() < n:
+            size = max(n, 4096, 0 if buf is None else 2 * buf.numel())
+            buf = torch.empty(size, dtype=torch.int64, pin_memory=self.device.type == "cuda")
+            self._staging = buf
+        return buf[:n]
 
     def build_metadata(self, sched: SchedulerOutput, kv: KVCacheManager):
-        """One flattened varlen batch: every scheduled token of every request."""
-        bs = self.block_size
-        input_ids: list[int] = []
-        positions: list[int] = []
-        seq_index: list[int] = []
-        query_lens: list[int] = []
-        seq_lens: list[int] = []
-        tables: list[list[int]] = []
-        for i, s in enumerate(sched.scheduled):
-            req = s.request
-            start, end = s.num_computed_before, s.num_computed_before + s.num_new_tokens
-            input_ids.extend(req.all_token_ids[start:end])
-            positions.extend(range(start, end))
-            seq_index.extend([i] * s.num_new_tokens)
-            query_lens.append(s.num_new_tokens)
-            seq_lens.append(end)
-            tables.append(kv.block_ids(req.request_id))
+        """One flattened varlen batch: every scheduled token of every request.
 
-        width = max(len(t) for t in tables)
-        block_tables = torch.zeros((len(tables), width), dtype=torch.int32)
-        for i, t in enumerate(tables):
-            block_tables[i, : len(t)] = torch.tensor(t, dtype=torch.int32)
-        pos_t = torch.tensor(positions, dtype=torch.int64)
-        seq_t = torch.tensor(seq_index, dtype=torch.int64)
-        # slot = physical block * block_size + offset inside the block
-        slot_mapping = block_tables[seq_t, pos_t // bs].to(torch.int64) * bs + pos_t % bs
-        qsl = [0]
-        for q in query_lens:
-            qsl.append(qsl[-1] + q)
+        Returns (input ids, positions, metadata, hidden-row indices of the sampling
+        requests or None, their indices in the schedule, query start offsets as a
+        host array)."""
+        bs = self.block_size
+        scheduled = sched.scheduled
+        b = len(scheduled)
+        starts = np.empty(b, dtype=np.int64)
+        q_lens = np.empty(b, dtype=np.int64)
+        input_ids: list[int] = []
+        for i, s in enumerate(scheduled):
+            start, n = s.num_computed_before, s.num_new_tokens
+            starts[i] = start
+            q_lens[i] = n
+            if n == 1:
+                input_ids.append(s.request.all_token_ids[start])
+            else:
+                input_ids.extend(s.request.all_token_ids[start : start + n])
+        rows = self.tables.rows_for([s.request.request_id for s in scheduled], kv)
+        seq_lens = starts + q_lens
+        qsl = np.zeros(b + 1, dtype=np.int64)
+        np.cumsum(q_lens, out=qsl[1:])
+        t = int(qsl[-1])
+        if t == b:  # every row has one new token (decode-only step)
+            positions = starts
+            seq_rows = rows
+        else:
+            seq_index = np.repeat(np.arange(b), q_lens)
+            positions = np.arange(t, dtype=np.int64) - qsl[:-1][seq_index] + starts[seq_index]
+            seq_rows = rows[seq_index]
+        width = int(-(-int(seq_lens.max()) // bs))
+        table = self.tables.table
+        slots = table[seq_rows, positions // bs] * bs + positions % bs
+        sample_rows = qsl[1:] - 1
+        sampling = [i for i, s in enumerate(scheduled) if s.samples]
+        if len(sampling) != b:
+            sample_rows = sample_rows[sampling]
+        ns = len(sample_rows)
+
+        # One staging buffer, one host->device copy.
+        sizes = (t, t, t, b + 1, b, b, b * width, ns)
+        buf = self._stage(sum(sizes))
+        host = buf.numpy()
+        o = 0
+        parts = []
+        for n in sizes:
+            parts.append((o, o + n))
+            o += n
+        (i0, i1), (p0, p1), (s0, s1), (q0, q1), (l0, l1), (c0, c1), (b0, b1), (r0, r1) = parts
+        host[i0:i1] = input_ids
+        host[p0:p1] = positions
+        host[s0:s1] = slots
+        host[q0:q1] = qsl
+        host[l0:l1] = seq_lens
+        host[c0:c1] = starts
+        host[b0:b1].reshape(b, width)[:] = table[rows, :width]
+        host[r0:r1] = sample_rows
         dev = self.device
+        moved = buf.to(dev, non_blocking=True) if dev.type != "cpu" else buf
+        i32 = moved[q0:c1].to(torch.int32)  # query starts, seq lens, context lens in one cast
         meta = AttentionMetadata(
-            slot_mapping=slot_mapping.to(dev),
-            query_start_loc=torch.tensor(qsl, dtype=torch.int32, device=dev),
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
-            context_lens=torch.tensor([s - q for s, q in zip(seq_lens, query_lens)], dtype=torch.int32, device=dev),
-            block_tables=block_tables.to(dev),
-            max_query_len=max(query_lens),
-            max_seq_len=max(seq_lens),
+            slot_mapping=moved[s0:s1],
+            query_start_loc=i32[: b + 1],
+            seq_lens=i32[b + 1 : 2 * b + 1],
+            context_lens=i32[2 * b + 1 :],
+            block_tables=moved[b0:b1].view(b, width).to(torch.int32),
+            max_query_len=int(q_lens.max()),
+            max_seq_len=int(seq_lens.max()),
             block_size=bs,
-            query_lens_cpu=query_lens,
-            seq_lens_cpu=seq_lens,
+            query_lens_cpu=q_lens.tolist(),
+            seq_lens_cpu=seq_lens.tolist(),
+            all_slots_valid=True,
         )
-        ids = torch.tensor(input_ids, dtype=torch.int64, device=dev)
-        return ids, pos_t.to(dev), meta, qsl
+        return moved[i0:i1], moved[p0:p1], meta, (moved[r0:r1] if ns else None), sampling, qsl
 
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput, kv: KVCacheManager) -> list[SampledToken]:
-        ids, positions, meta, qsl = self.build_metadata(sched, kv)
+        times = self.last_times = StepTimes()
+        syncs_before = self.num_device_syncs
+        t0 = time.perf_counter()
+        ids, positions, meta, rows_idx, sampling, qsl = self.build_metadata(sched, kv)
+        t1 = time.perf_counter()
         if self.graphs is not None and self.graphs.can_run(meta):
             hidden = self.graphs.run(ids, positions, meta)
         else:
             hidden = self.model(ids, positions, self.kv_caches, meta)
         if any(s.request.prompt_logprobs is not None for s in sched.scheduled):
-            collect_prompt_logprobs(self.model, hidden, sched.scheduled, qsl)
-        # Logits only for rows that sample: the last token of each finished prompt/decode.
-        sampling = [(i, s) for i, s in enumerate(sched.scheduled) if s.samples]
-        if not sampling:
+            collect_prompt_logprobs(self.model, hidden, sched.scheduled, qsl.tolist())
+        if rows_idx is None:
+            times.prepare, times.forward = t1 - t0, time.perf_counter() - t1
             return []
-        rows_idx = torch.tensor([qsl[i + 1] - 1 for i, _ in sampling], device=hidden.device)
-        logits = self.model.compute_logits(hidden.index_select(0, rows_idx)).float()
-        rows = [
-            SamplingRow(
-                params=s.request.params,
-                prompt_token_ids=s.request.prompt_token_ids,
-                output_token_ids=s.request.output_token_ids,
-                generator=s.request.generator,
-            )
-            for _, s in sampling
-        ]
-        out = self.sampler(logits, rows)
-        return [SampledToken(s, t, lp) for (_, s), t, lp in zip(sampling, out.token_ids, out.logprobs)]
+        # Logits only for rows that sample: the last token of each finished prompt/decode.
+        if rows_idx.numel() != hidden.shape[0]:
+            hidden = hidden.index_select(0, rows_idx)
+        scheduled = sched.scheduled
+        reqs = [scheduled[i].request for i in sampling]
+        greedy = all(_is_plain_greedy(r.params) for r in reqs)
+        # Greedy rows need only the best token: logits stay in the model dtype (widening
+        # bf16 to fp32 is exact, so the winner and its tie-breaking are the same).
+        logits = self.model.lm_logits(hidden) if greedy else self.model.compute_logits(hidden)
+        t2 = time.perf_counter()
+        times.prepare, times.forward = t1 - t0, t2 - t1
+        if greedy:
+            # Greedy fast path at the call site (the sampler is untouched): max over the
+            # vocabulary, which on CPU is ~3x faster than argmax and also returns the
+            # first index among equal maxima; one device->host copy.
+            token_ids = logits.max(dim=-1).indices.tolist()
+            lps: list = [None] * len(reqs)
+        else:
+            rows = [
+                SamplingRow(params=r.params, prompt_token_ids=r.prompt_token_ids,
+                            output_token_ids=r.output_token_ids, generator=r.generator)
+                for r in reqs
+            ]
+            out = self.sampler(logits.float(), rows)
+            token_ids, lps = out.token_ids, out.logprobs
+        self.num_device_syncs += 1
+        times.sample = time.perf_counter() - t2
+        times.syncs = self.num_device_syncs - syncs_before
+        return [SampledToken(scheduled[i], tok, lp) for i, tok, lp in zip(sampling, token_ids, lps)]

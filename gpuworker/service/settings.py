@@ -48,7 +48,7 @@ class WorkerSettings(QueuePolicy):
     block_size: int = Field(_engine_default("block_size"), description="tokens per KV block")
     max_model_len: Optional[int] = Field(_engine_default("max_model_len"), ge=2, description="cap on prompt + output tokens")
     device: Optional[str] = Field(_engine_default("device"), description="cpu | cuda | cuda:N")
-    dtype: Optional[str] = Field(_engine_default("dtype"), description="float32 | bfloat16 | float16")
+    dtype: Optional[str] = Field(_engine_default("dtype"), description="auto (default: bfloat16 on CUDA or a CPU with AVX512-BF16/AMX, else float32) | float32 | bfloat16 | float16")
 
     # Queue behaviour
     worker_id: str = Field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}", description="stable consumer name (default host-pid)")

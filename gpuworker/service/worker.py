@@ -76,6 +76,7 @@ class Worker:
             "num_kv_blocks": str(eng.kv.pool.num_blocks), "block_size": str(self.s.block_size),
             "max_model_len": str(eng.max_model_len), "attention_backend": str(getattr(eng.backend, "name", self.s.attention_backend)),
             "lease_seconds": str(self.s.lease_seconds), "max_deliveries": str(self.s.max_deliveries),
+            "dtype": str(getattr(eng, "dtype", "")).removeprefix("torch."),
             "eos_token_ids": ",".join(str(i) for i in eng.eos_token_ids),
         })
         self.inflight = InFlight(self.s.max_num_seqs)

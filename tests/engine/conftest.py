@@ -28,7 +28,7 @@ def smol_llm():
     from gpuworker import LLM
 
     torch.set_num_threads(1)
-    return LLM(num_kv_blocks=256, max_num_batched_tokens=256)
+    return LLM(dtype="float32", num_kv_blocks=256, max_num_batched_tokens=256)
 
 
 @pytest.fixture(scope="session")

@@ -310,7 +310,7 @@ def test_engine_text_is_exact_with_a_byte_fallback_tokenizer(sp_bytes_tok, tmp_p
         if f.name.startswith(("tokenizer", "special_tokens", "chat_template")):
             f.unlink()
     sp_bytes_tok.save_pretrained(folder)
-    llm = LLM(model=str(folder), num_kv_blocks=64, max_num_batched_tokens=128)
+    llm = LLM(model=str(folder), dtype="float32", num_kv_blocks=64, max_num_batched_tokens=128)
     eng = llm.engine
     prompts = [[1, 259 + k % 20, 5 + k, 100 + 3 * k] for k in range(12)]
     seen_bytes = 0

@@ -15,7 +15,7 @@ GREEDY = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
 def test_greedy_equals_hf_with_chunked_prefill_and_preemption(mixed_prompts, hf_smol):
     # A 48-token budget chunks every long prompt; 24 blocks of 16 cannot hold
     # all 16 sequences (up to ~160 tokens each), so requests get preempted.
-    llm = LLM(block_size=16, max_num_batched_tokens=48, num_kv_blocks=24, max_num_seqs=16)
+    llm = LLM(dtype="float32", block_size=16, max_num_batched_tokens=48, num_kv_blocks=24, max_num_seqs=16)
     assert max(len(p) for p in mixed_prompts) > 48
     outs = llm.generate(mixed_prompts, GREEDY)
     stats = llm.engine.stats()

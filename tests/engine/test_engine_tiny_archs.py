@@ -32,7 +32,7 @@ def test_greedy_equals_hf_under_chunking_and_preemption(arch, tmp_path):
     # Shared prefix on a few prompts so prefix hits happen mid-run.
     for i in (1, 5, 9):
         prompts[i] = prompts[6][:48] + prompts[i]
-    llm = LLM(model=str(folder), block_size=16, max_num_batched_tokens=40, num_kv_blocks=20, max_num_seqs=16)
+    llm = LLM(model=str(folder), dtype="float32", block_size=16, max_num_batched_tokens=40, num_kv_blocks=20, max_num_seqs=16)
     outs = llm.generate(prompts, SamplingParams(max_tokens=MAX_NEW, temperature=0, ignore_eos=True))
     stats = llm.engine.stats()
     assert stats.num_preemptions > 0

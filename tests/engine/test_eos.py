@@ -20,7 +20,7 @@ def _llm(folder):
     from gpuworker import LLM
 
     torch.set_num_threads(1)
-    return LLM(model=str(folder), num_kv_blocks=64, max_num_batched_tokens=128)
+    return LLM(model=str(folder), dtype="float32", num_kv_blocks=64, max_num_batched_tokens=128)
 
 
 PROMPT = [1, 100, 200, 300, 400]

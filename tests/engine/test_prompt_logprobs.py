@@ -88,7 +88,7 @@ def test_prompt_logprobs_survive_chunking_preemption_and_shared_prefixes(tmp_pat
     prompts = [[rng.randint(1000, 40000) for _ in range(k)] for k in (3, 17, 33, 64, 70, 95, 50, 40)]
     for i in (1, 4, 6):
         prompts[i] = prompts[5][:48] + prompts[i]
-    llm = LLM(model=str(folder), block_size=16, max_num_batched_tokens=40, num_kv_blocks=20, max_num_seqs=8)
+    llm = LLM(model=str(folder), dtype="float32", block_size=16, max_num_batched_tokens=40, num_kv_blocks=20, max_num_seqs=8)
     # A warm-up puts the shared prefix in the cache; every request then asks, so
     # whichever is preempted asked, and none may take hits over missing positions.
     llm.generate([prompts[5]], SamplingParams(max_tokens=1, temperature=0))

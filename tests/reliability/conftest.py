@@ -168,7 +168,7 @@ def chaos_oracle(chaos_model):
     from gpuworker import LLM
 
     torch.set_num_threads(1)
-    return LLM(model=str(chaos_model), num_kv_blocks=512, max_num_seqs=64)
+    return LLM(model=str(chaos_model), dtype="float32", num_kv_blocks=512, max_num_seqs=64)
 
 
 def reply_events(r: redis.Redis, job_id: str) -> list:

@@ -26,7 +26,7 @@ def offline_llm(tiny_model):
     from gpuworker import LLM
 
     torch.set_num_threads(1)
-    return LLM(model=str(tiny_model), num_kv_blocks=512, max_num_seqs=64)
+    return LLM(model=str(tiny_model), dtype="float32", num_kv_blocks=512, max_num_seqs=64)
 
 
 @pytest.fixture(scope="module")

@@ -31,7 +31,7 @@ def make_worker(tiny_model, module_redis):
     workers = []
 
     def make(model, **kw):
-        engine = FaultyEngine(EngineConfig(model=str(tiny_model), num_kv_blocks=256, max_num_seqs=16))
+        engine = FaultyEngine(EngineConfig(model=str(tiny_model), dtype="float32", num_kv_blocks=256, max_num_seqs=16))
         s = WorkerSettings(redis_url=module_redis.url, served_model_name=model, worker_id=f"inproc-{model}",
                            max_num_seqs=16, lease_seconds=1, block_ms=100, check_invariants=True, **kw)
         w = Worker(s, engine=engine)
