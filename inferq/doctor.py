@@ -137,7 +137,7 @@ def diagnose(before: Sample, after: Sample) -> Report:
         "generation_tokens_per_s": round(d_gen / seconds, 1),
         "mean_step_ms": round(1000 * (after.step_seconds - before.step_seconds) / steps, 2) if steps else None,
         "max_num_seqs": max_seqs, "max_num_batched_tokens": budget, "num_kv_blocks": blocks,
-        "block_size": block_size, "eos_token_ids": cfg.get("eos_token_ids"),
+        "block_size": block_size, "eos_token_ids": cfg.get("eos_token_ids"), "dtype": cfg.get("dtype"),
     }
     findings: list[Finding] = []
     if d_preempt > 0 or (after.kv_usage >= 0.9 and backlog > 0):

@@ -227,8 +227,8 @@ def main(argv=None) -> int:
 
     ours = results[0].tokens_per_s
     print()
-    print(f"| system | median wall s | output tok/s | inferq speed-up |")
-    print(f"| --- | ---: | ---: | ---: |")
+    print("| system | median wall s | output tok/s | inferq speed-up |")
+    print("| --- | ---: | ---: | ---: |")
     for r in results:
         print(f"| {r.system} | {r.median_s:.1f} | {r.tokens_per_s:.1f} | {ours / r.tokens_per_s:.2f}x |")
     if args.json:

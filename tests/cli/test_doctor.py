@@ -53,6 +53,7 @@ def test_parse_metrics_reads_labels_and_sums():
 
 
 def test_doctor_shows_the_workers_eos_set():
-    text = 'inferq:worker_config_info{eos_token_ids="128001,128009",max_num_seqs="8"} 1.0\n'
+    text = 'inferq:worker_config_info{dtype="bfloat16",eos_token_ids="128001,128009",max_num_seqs="8"} 1.0\n'
     s = Sample.from_text(text)
     assert diagnose(s, s).readings["eos_token_ids"] == "128001,128009"
+    assert diagnose(s, s).readings["dtype"] == "bfloat16"  # the engine's choice (bf16 on CPUs with AVX512-BF16/AMX)
