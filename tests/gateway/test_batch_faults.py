@@ -110,9 +110,14 @@ def test_cancel_mid_run_stops_the_remaining_lines(server, tiny, workers, tmp_pat
         try:
             assert r.xlen(keys.jobs(model)) == 0
             assert r.xpending(keys.jobs(model), keys.JOBS_GROUP)["pending"] == 0
+            # The driver has let go of the batch (its lease is gone), and it had
+            # submitted nothing more by then.
+            end = time.monotonic() + 60
+            while r.exists(keys.batch_lease(b.id)):
+                assert time.monotonic() < end, "the batch driver never let go of the cancelled batch"
+                time.sleep(0.05)
         finally:
             r.close()
-        time.sleep(0.5)  # a driver that kept going would have submitted more by now
         assert job_map(server.url, b.id) == submitted
 
 
