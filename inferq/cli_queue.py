@@ -35,6 +35,18 @@ def cmd_status(args) -> int:
                   f"[red]{s.dlq}[/red]" if s.dlq else "0",
                   f"[red]{workers}[/red]" if s.workers_alive == 0 else workers)
     out.print(t)
+    lanes = Table(title="lanes (partition, priority class, fair-share tenant)")
+    for col in ("model", "partition", "class", "tenant", "waiting", "pending", "oldest waiting"):
+        lanes.add_column(col, justify="right" if col in ("partition", "waiting", "pending") else "left")
+    for s in stats:
+        if len(s.lanes) < 2:
+            continue  # one lane: the table above says it all
+        for ln in s.lanes:
+            oldest = f"{ln.oldest_waiting_s:.1f}s" if ln.oldest_waiting_s is not None else "-"
+            lanes.add_row(s.model, str(ln.partition), ln.cls, ln.tenant or "(shared)", str(ln.waiting),
+                          str(ln.pending), oldest)
+    if lanes.row_count:
+        out.print(lanes)
     wt = Table(title="workers")
     for col in ("model", "worker", "last heartbeat", "state"):
         wt.add_column(col)
@@ -47,16 +59,25 @@ def cmd_status(args) -> int:
     return 0
 
 
+def _dlqs(model):
+    """A model's dead-letter streams: one per partition (each beside its jobs' slot)."""
+    return [keys.dlq(model, part) for part in range(keys.partitions())]
+
+
 def _models(p, model):
     if model:
         return [model]
-    return [m for m in discover_models(p.redis) if p.redis.exists(keys.dlq(m))]
+    return [m for m in discover_models(p.redis) if any(p.redis.exists(d) for d in _dlqs(m))]
 
 
 def _entries(p, model, count=None):
-    rows = p.redis.xrange(keys.dlq(model), count=count) if count else p.redis.xrange(keys.dlq(model))
-    # Shown as the strings they are stored as (records.DeadLetter is the one reader).
-    return [(as_str(eid), DeadLetter.from_fields(f).to_fields()) for eid, f in rows]
+    """(dlq stream, entry id, fields) of a model's dead letters, oldest first per partition."""
+    out = []
+    for dlq in _dlqs(model):
+        rows = p.redis.xrange(dlq, count=count) if count else p.redis.xrange(dlq)
+        # Shown as the strings they are stored as (records.DeadLetter is the one reader).
+        out += [(dlq, as_str(eid), DeadLetter.from_fields(f).to_fields()) for eid, f in rows]
+    return out[:count] if count else out
 
 
 @friendly_errors
@@ -67,7 +88,7 @@ def cmd_dlq(args) -> int:
     if action == "list":
         rows = []
         for m in models:
-            for eid, f in _entries(p, m, args.count):
+            for _, eid, f in _entries(p, m, args.count):
                 rows.append({"model": m, "dlq_id": eid, **{k: f.get(k, "") for k in
                              ("job_id", "code", "reason", "attempts", "worker", "failed_at")}})
         if args.json:
@@ -90,7 +111,7 @@ def cmd_dlq(args) -> int:
             return 1
         return _retry(p, models, set(args.entry_ids), args.all)
     if action == "purge":
-        total = sum(int(p.redis.xlen(keys.dlq(m))) for m in models)
+        total = sum(int(p.redis.xlen(d)) for m in models for d in _dlqs(m))
         if not total:
             out.print("the dead-letter queue is empty")
             return 0
@@ -100,7 +121,8 @@ def cmd_dlq(args) -> int:
                 out.print("nothing deleted")
                 return 1
         for m in models:
-            p.redis.delete(keys.dlq(m))
+            for d in _dlqs(m):
+                p.redis.delete(d)
         out.print(f"deleted {total} dead-lettered job(s)")
         return 0
     return 2
@@ -116,9 +138,9 @@ def _retry(p, models, wanted: set[str], everything: bool) -> int:
     admit = p.redis.register_script(ADMISSION_LUA)
     from rich.progress import track
 
-    todo = [(m, eid, f) for m in models for eid, f in _entries(p, m) if everything or eid in wanted]
+    todo = [(dlq, eid, f) for m in models for dlq, eid, f in _entries(p, m) if everything or eid in wanted]
     done, failed = 0, 0
-    for m, eid, f in track(todo, description="requeueing", console=err, disable=len(todo) < 20):
+    for dlq, eid, f in track(todo, description="requeueing", console=err, disable=len(todo) < 20):
         if '"redacted": true' in f.get("job", ""):
             err.print(f"[yellow]skip[/yellow] {eid}: its payload was redacted (INFERQ_DLQ_PAYLOAD=redact), so it "
                       "cannot be run again")
@@ -136,7 +158,7 @@ def _retry(p, models, wanted: set[str], everything: bool) -> int:
             err.print(f"[yellow]not requeued[/yellow] {eid}: {e}")
             failed += 1
             continue
-        p.redis.xdel(keys.dlq(m), eid)
+        p.redis.xdel(dlq, eid)
         out.print(f"requeued job {job.id} (was DLQ entry {eid})")
         done += 1
         wanted.discard(eid)

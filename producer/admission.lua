@@ -1,10 +1,12 @@
 -- inferq admission: one atomic step per submit.
--- KEYS: 1 jobs stream, 2 reply stream, 3 job info hash, 4 idempotency key, 5 rate bucket, 6 cancel flag
+-- KEYS (one partition's slot): 1 the lane's job stream, 2 reply stream, 3 job info hash,
+--       4 idempotency key, 5 rate bucket, 6 cancel flag, 7 the partition's set of extra lanes
 -- ARGV: 1 job id, 2 max backlog (0 = none), 3 ttl (s) of reply/info while waiting, 4 idempotency ttl (s),
 --       5 rate (jobs/s, 0 = off), 6 burst, 7 reply maxlen, 8 use idempotency ("1"/"0"),
 --       9 name of the info field that gets the job's entry id,
 --       10 reset ("1": a re-admission, e.g. from the DLQ: the job's old reply stream, record and
 --          cancel flag are deleted here, after every check passed, so a refusal loses nothing),
+--       11 the lane as recorded in KEYS[7] ("": the default lane, not recorded),
 --       then three field lists, each as a count followed by field/value pairs, written exactly as
 --       given (their names come from schemas): the job entry, the queued event, the job info hash.
 -- Returns {"ok", entry id, depth} | {"dup", existing job id} | {"full", depth} | {"rate", retry after s}
@@ -51,12 +53,15 @@ if ARGV[10] == "1" then
   redis.call("DEL", KEYS[2], KEYS[3], KEYS[6])
 end
 
-local job_fields, next_at = fields(11)
+local job_fields, next_at = fields(12)
 local event_fields, info_at = fields(next_at)
 local info_fields = fields(info_at)
 
 local ttl = tonumber(ARGV[3])
 local entry = redis.call("XADD", KEYS[1], "*", unpack(job_fields))
+if ARGV[11] ~= "" then
+  redis.call("SADD", KEYS[7], ARGV[11])
+end
 redis.call("HSET", KEYS[3], ARGV[9], entry, unpack(info_fields))
 redis.call("EXPIRE", KEYS[3], ttl)
 redis.call("XADD", KEYS[2], "MAXLEN", "~", ARGV[7], "*", unpack(event_fields))

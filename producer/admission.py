@@ -8,11 +8,13 @@ from importlib import resources
 from typing import Optional
 
 from schemas import QueuedEvent, encode_event, keys, records
-from schemas.job import Job
+from schemas.job import Job, new_job_id
+from schemas.queues import Lane, lane_of
 from schemas.text import as_str
 
 import redis.exceptions
 
+from producer import affinity
 from producer.errors import QueueFull, QueueUnavailable, RateLimited
 from producer.settings import ProducerSettings
 
@@ -40,26 +42,50 @@ class Admitted:
         return self.replicas is None or self.replicas >= self.replicas_wanted
 
 
-def script_keys(job: Job, idempotency_key: Optional[str]) -> list[str]:
+def lane_for(job: Job, s: ProducerSettings, owner: str = "") -> Lane:
+    """The stream a job waits on: its id's partition, its priority class, (with
+    fair share on) its tenant's own lane, and the worker its session prefers."""
+    tenant = job.tenant if (s.fair_share and job.tenant) else ""
+    return lane_of(job.model, job.id, job.priority_class, tenant, owner)
+
+
+def aligned(job: Job, idempotency_key: Optional[str]) -> Job:
+    """With several partitions, a keyed job whose id we generate gets an id in
+    the key's partition, so every retry of that key meets the same idempotency
+    record (which lives in the job's partition). An id the caller chose is kept:
+    retries that reuse it meet the record too."""
+    if not idempotency_key or keys.partitions() == 1 or "id" in job.model_fields_set:
+        return job
+    want = keys.partition_of(_idempotency_scope(job, idempotency_key))
+    while True:
+        jid = new_job_id()
+        if keys.partition_of(jid) == want:
+            return job.model_copy(update={"id": jid})
+
+
+def script_keys(job: Job, idempotency_key: Optional[str], lane: Lane) -> list[str]:
     # Unused keys still need a name: a script must declare every key it may touch.
     return [
-        keys.jobs(job.model),
+        lane.stream,
         keys.reply(job.id),
         keys.job_info(job.id),
         idempotency_key_name(job, idempotency_key),
-        keys.rate(job.tenant or "-"),
+        keys.rate(job.tenant or "-", lane.partition),
         keys.cancel(job.id),
+        keys.lanes(job.model, lane.partition),
     ]
 
 
-def idempotency_key_name(job: Job, key: Optional[str]) -> str:
+def _idempotency_scope(job: Job, key: str) -> str:
     """Scoped by tenant, encoded so no (tenant, key) pair can spell another's:
     the tenant's length is part of the name, and callers without a tenant have
     their own prefix (an unrestricted "t5:acme:x" is not tenant acme's "x")."""
-    if not key:
-        return keys.idempotency(job.model, "-")
-    scope = f"t{len(job.tenant)}:{job.tenant}:" if job.tenant else "u:"
-    return keys.idempotency(job.model, scope + key)
+    return (f"t{len(job.tenant)}:{job.tenant}:" if job.tenant else "u:") + key
+
+
+def idempotency_key_name(job: Job, key: Optional[str]) -> str:
+    """The idempotency record, in the job's partition (see ``aligned``)."""
+    return keys.idempotency(job.model, _idempotency_scope(job, key) if key else "-", keys.partition_of(job.id))
 
 
 def _counted(fields: dict) -> list:
@@ -67,21 +93,26 @@ def _counted(fields: dict) -> list:
     return [len(flat), *flat]
 
 
-def script_args(job: Job, idempotency_key: Optional[str], s: ProducerSettings, reset: bool = False) -> list:
+def script_args(job: Job, idempotency_key: Optional[str], s: ProducerSettings, lane: Lane,
+                reset: bool = False) -> list:
     queued = encode_event(QueuedEvent(attempt=0, seq=0, model=job.model))
     info = records.info_queued(job.model, job.tenant, job.created_at, job.deadline)
-    rate = s.rate_limit if job.tenant else 0.0
+    # Each partition keeps its own bucket (one slot per script), with its share of the rate.
+    n = keys.partitions()
+    rate = s.rate_limit / n if job.tenant else 0.0
+    burst = max(1, -(-(s.rate_burst or max(1, int(s.rate_limit))) // n))
     return [
         job.id,
         s.max_backlog,
         s.live_ttl,
         s.idempotency_ttl,
         repr(float(rate)),
-        s.rate_burst or max(1, int(rate)),
+        burst,
         s.reply_maxlen,
         "1" if idempotency_key else "0",
         records.ENTRY_ID,
         "1" if reset else "0",
+        "" if lane.is_default else lane.member(),
         *_counted(job.to_fields()),
         *_counted(queued),
         *_counted(info),
@@ -122,7 +153,8 @@ def _unreplicated(adm: Admitted, s: ProducerSettings, why: str) -> None:
 def _run_script(r, script, job: Job, idempotency_key: Optional[str], s: ProducerSettings, reset: bool) -> Admitted:
     """The admission script, then (with INFERQ_ADMISSION_REPLICAS) WAIT on the
     same connection: WAIT counts the replicas that have this connection's writes."""
-    kw = dict(keys=script_keys(job, idempotency_key), args=script_args(job, idempotency_key, s, reset))
+    lane = lane_for(job, s, affinity.preferred_worker(r, job))
+    kw = dict(keys=script_keys(job, idempotency_key, lane), args=script_args(job, idempotency_key, s, lane, reset))
     if not s.admission_replicas:
         return interpret(script(**kw), job, s)
     pinned = r.client()  # one connection for the script and its WAIT
@@ -144,7 +176,8 @@ def _run_script(r, script, job: Job, idempotency_key: Optional[str], s: Producer
 
 
 async def _arun_script(r, script, job: Job, idempotency_key: Optional[str], s: ProducerSettings) -> Admitted:
-    kw = dict(keys=script_keys(job, idempotency_key), args=script_args(job, idempotency_key, s))
+    lane = lane_for(job, s, await affinity.apreferred_worker(r, job))
+    kw = dict(keys=script_keys(job, idempotency_key, lane), args=script_args(job, idempotency_key, s, lane))
     if not s.admission_replicas:
         return interpret(await script(**kw), job, s)
     pinned = r.client()
@@ -169,6 +202,7 @@ def admit(r, script, job: Job, idempotency_key: Optional[str], s: ProducerSettin
     """Admission as every producer runs it (sync): the script, then for a
     duplicate the earlier job's real status. A key that outlived its job's
     records (they expired) is forgotten and the job admitted anew."""
+    job = affinity.with_session(aligned(job, idempotency_key), s)
     for _ in range(2):
         try:
             adm = _run_script(r, script, job, idempotency_key, s, reset)
@@ -186,6 +220,7 @@ def admit(r, script, job: Job, idempotency_key: Optional[str], s: ProducerSettin
 
 async def aadmit(r, script, job: Job, idempotency_key: Optional[str], s: ProducerSettings) -> Admitted:
     """Async twin of ``admit`` (redis.asyncio client and script)."""
+    job = affinity.with_session(aligned(job, idempotency_key), s)
     for _ in range(2):
         try:
             adm = await _arun_script(r, script, job, idempotency_key, s)

@@ -14,6 +14,7 @@ from typing import Any, AsyncIterator, Optional
 
 from schemas import keys, transitions
 from schemas.follower import afollow
+from schemas.queues import alanes_of
 from schemas.text import as_str
 
 from producer.admission import ADMISSION_LUA, aadmit
@@ -112,7 +113,9 @@ class AsyncProducer:
         return AsyncJobHandle(self, job_id)
 
     async def depth(self, model: Optional[str] = None) -> int:
-        return int(await self.redis.xlen(keys.jobs(model or self.default_model)))
+        """Jobs of the model that have not finished (queued + running), all lanes."""
+        lanes = await alanes_of(self.redis, model or self.default_model)
+        return sum([int(await self.redis.xlen(ln.stream)) for ln in lanes])
 
     async def workers(self, model: Optional[str] = None) -> dict[str, float]:
         now = time.time()

@@ -19,6 +19,7 @@ from typing import Any, Iterator, Optional, Union
 
 from schemas import SamplingParams, Timings, Usage, keys, records, transitions
 from schemas.fold import Assembly
+from schemas.queues import lanes_of
 from schemas.follower import Follow, follow
 from schemas.job import ChatMessage, Job
 from schemas.text import as_str
@@ -58,10 +59,12 @@ def build_job(
     sampling: Union[SamplingParams, dict, None] = None,
     model: Optional[str] = None,
     priority: int = 0,
+    priority_class: str = "interactive",
     deadline: Optional[float] = None,
     idempotency_key: Optional[str] = None,
     metadata: Optional[dict[str, Any]] = None,
     tenant: Optional[str] = None,
+    session_id: Optional[str] = None,
 ) -> Job:
     """Validate everything before anything is written (ValueError on bad input)."""
     if sampling is None:
@@ -86,8 +89,10 @@ def build_job(
         prompt_token_ids=prompt_token_ids,
         sampling=sampling,
         priority=priority,
+        priority_class=priority_class,
         deadline=deadline,
         tenant=tenant,
+        session_id=session_id,
         metadata=metadata or {},
     )
 
@@ -290,8 +295,8 @@ class Producer:
         return JobHandle(self, job_id)
 
     def depth(self, model: Optional[str] = None) -> int:
-        """Jobs in the model's stream that have not finished (queued + running)."""
-        return int(self.redis.xlen(keys.jobs(model or self.default_model)))
+        """Jobs of the model that have not finished (queued + running), all lanes."""
+        return sum(int(self.redis.xlen(ln.stream)) for ln in lanes_of(self.redis, model or self.default_model))
 
     def workers(self, model: Optional[str] = None) -> dict[str, float]:
         """Live workers of a model: worker id -> seconds since its last heartbeat."""

@@ -25,6 +25,7 @@ from pydantic import Field
 from schemas import ErrorEvent, encode_event, keys, records, transitions
 from schemas.job import job_payload
 from schemas.policy import QueuePolicy
+from schemas.queues import Lane, lanes_of
 from schemas.text import as_str
 from schemas.events import TERMINAL_TYPES
 from producer.queue_stats import all_stats, discover_models
@@ -41,9 +42,9 @@ def _live(r, model: str, stale_s: float) -> list[str]:
     return [as_str(w) for w in r.zrangebyscore(keys.workers(model), cutoff, "+inf")]
 
 
-def _stale_entries(r, model: str, min_idle_ms: int, count: int = 1000) -> list[dict]:
+def _stale_entries(r, lane: Lane, min_idle_ms: int, count: int = 1000) -> list[dict]:
     try:
-        return r.xpending_range(keys.jobs(model), keys.JOBS_GROUP, min="-", max="+", count=count, idle=min_idle_ms)
+        return r.xpending_range(lane.stream, keys.JOBS_GROUP, min="-", max="+", count=count, idle=min_idle_ms)
     except Exception as e:
         if "nogroup" in str(e).lower() or "no such key" in str(e).lower():
             return []
@@ -52,25 +53,25 @@ def _stale_entries(r, model: str, min_idle_ms: int, count: int = 1000) -> list[d
 
 def reclaim_stale(r, model: str, s: MaintenanceSettings) -> dict:
     live = _live(r, model, s.worker_stale_seconds)
-    moved = 0
-    if live:
-        orphaned = [row for row in _stale_entries(r, model, s.min_idle_ms)
-                    if as_str(row["consumer"]) not in live and int(row["times_delivered"]) < s.max_deliveries]
-        for i, row in enumerate(orphaned):
-            target = live[i % len(live)]
-            r.xclaim(keys.jobs(model), keys.JOBS_GROUP, target, s.min_idle_ms, [row["message_id"]],
-                     idle=s.min_idle_ms + 1000, justid=True)
-            moved += 1
-    removed = 0
-    try:
-        consumers = r.xinfo_consumers(keys.jobs(model), keys.JOBS_GROUP)
-    except Exception:
-        consumers = []
-    for c in consumers:
-        name = as_str(c["name"])
-        if name not in live and int(c.get("pending", 0)) == 0 and int(c.get("idle", 0)) > s.min_idle_ms:
-            r.xgroup_delconsumer(keys.jobs(model), keys.JOBS_GROUP, name)
-            removed += 1
+    moved = removed = 0
+    for lane in lanes_of(r, model):
+        if live:
+            orphaned = [row for row in _stale_entries(r, lane, s.min_idle_ms)
+                        if as_str(row["consumer"]) not in live and int(row["times_delivered"]) < s.max_deliveries]
+            for i, row in enumerate(orphaned):
+                target = live[i % len(live)]
+                r.xclaim(lane.stream, keys.JOBS_GROUP, target, s.min_idle_ms, [row["message_id"]],
+                         idle=s.min_idle_ms + 1000, justid=True)
+                moved += 1
+        try:
+            consumers = r.xinfo_consumers(lane.stream, keys.JOBS_GROUP)
+        except Exception:
+            consumers = []
+        for c in consumers:
+            name = as_str(c["name"])
+            if name not in live and int(c.get("pending", 0)) == 0 and int(c.get("idle", 0)) > s.min_idle_ms:
+                r.xgroup_delconsumer(lane.stream, keys.JOBS_GROUP, name)
+                removed += 1
     return {"moved": moved, "consumers_removed": removed, "live_workers": len(live)}
 
 
@@ -83,9 +84,13 @@ def dead_letter_exceeded(r, model: str, s: MaintenanceSettings) -> int:
     (only while still idle, so a live owner keeps its job), given a new attempt
     of their own so readers accept the error as final and no stale worker can
     finish it, then error event + dead letter + ack, fenced like a worker's."""
-    stream = keys.jobs(model)
+    return sum(_dead_letter_lane(r, lane, s) for lane in lanes_of(r, model))
+
+
+def _dead_letter_lane(r, lane: Lane, s: MaintenanceSettings) -> int:
+    stream = lane.stream
     n = 0
-    for row in _stale_entries(r, model, s.min_idle_ms):
+    for row in _stale_entries(r, lane, s.min_idle_ms):
         delivered = int(row["times_delivered"])
         if delivered < s.max_deliveries:
             continue
@@ -98,9 +103,11 @@ def dead_letter_exceeded(r, model: str, s: MaintenanceSettings) -> int:
             job_id = json.loads(raw).get("id", "") if raw else ""
         except (ValueError, AttributeError):
             job_id = ""
+        if job_id and not transitions.in_partition(stream, job_id):
+            job_id = ""  # its keys live on another slot: dead letter only
         attempt = 0
         if job_id:
-            attempt, _ = transitions.claim_attempt(r, model=model, entry_id=eid, consumer=MAINTENANCE_CONSUMER,
+            attempt, _ = transitions.claim_attempt(r, stream=stream, entry_id=eid, consumer=MAINTENANCE_CONSUMER,
                                                    job_id=job_id, live_ttl=s.live_ttl)
             if attempt < 0:
                 continue
@@ -108,7 +115,7 @@ def dead_letter_exceeded(r, model: str, s: MaintenanceSettings) -> int:
         error = encode_event(ErrorEvent(attempt=max(attempt, 1), seq=0, code="max_deliveries", message=reason))
         dead = records.DeadLetter(job=raw, job_id=job_id, entry_id=eid, code="max_deliveries", reason=reason,
                                   attempts=delivered, worker=MAINTENANCE_CONSUMER, failed_at=time.time())
-        done = transitions.fail(r, model=model, entry_id=eid, consumer=MAINTENANCE_CONSUMER, attempt=attempt,
+        done = transitions.fail(r, stream=stream, dlq=lane.dlq, entry_id=eid, consumer=MAINTENANCE_CONSUMER, attempt=attempt,
                                 job_id=job_id or None, error_data=error["data"],
                                 fields={**records.info_error("max_deliveries", reason),
                                         "finished_at": repr(time.time())},
@@ -126,8 +133,8 @@ def expire_finished_replies(r, s: MaintenanceSettings, scan_count: int = 500) ->
         last = r.xrevrange(key, count=1)
         if last and as_str(last[0][1].get(b"type", last[0][1].get("type", ""))) in TERMINAL_TYPES:
             r.expire(key, s.reply_ttl)
-            job_id = keys.tag_of(as_str(key))
-            if r.ttl(keys.job_info(job_id)) == -1:
+            job_id = keys.name_of(as_str(key))
+            if job_id and r.ttl(keys.job_info(job_id)) == -1:
                 r.expire(keys.job_info(job_id), s.reply_ttl)
             n += 1
     return n

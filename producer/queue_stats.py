@@ -1,8 +1,11 @@
 """Queue depth, lag, pending, DLQ size and live workers per model, read from Redis.
 
 Shared by `inferq status`, the gateway's /metrics and the Celery export task.
-The job stream keeps only unfinished jobs (workers XDEL what they finish), so
-waiting (not yet delivered) = depth - pending, on any Redis version.
+A model's queue is one or more lanes (schemas/queues.py: partitions, priority
+classes, fair-share tenants); the numbers are summed over them and also given
+per class and per tenant lane. Each lane's stream keeps only unfinished jobs
+(workers XDEL what they finish), so waiting (not yet delivered) = depth -
+pending, on any Redis version.
 """
 from __future__ import annotations
 
@@ -11,16 +14,18 @@ from dataclasses import asdict, dataclass, field
 from typing import Optional
 
 from schemas import keys
+from schemas.queues import Lane, lanes_of, models_of_keys
 from schemas.text import as_str
 
 
 def discover_models(r) -> list[str]:
     found: set[str] = set()
-    for kind in ("jobs", "workers", "dlq"):
-        for key in r.scan_iter(match=keys.pattern(kind), count=500):
-            m = keys.tag_of(as_str(key))
-            if m:
-                found.add(m)
+    for kind in ("jobs", "lanes", "dlq"):
+        found |= models_of_keys(r.scan_iter(match=keys.pattern(kind), count=500))
+    for key in r.scan_iter(match=keys.pattern("workers"), count=500):
+        m = keys.tag_of(as_str(key))
+        if m:
+            found.add(m)
     return sorted(found)
 
 
@@ -32,6 +37,17 @@ class WorkerInfo:
 
 
 @dataclass
+class LaneStats:
+    cls: str
+    tenant: str
+    partition: int
+    depth: int
+    waiting: int
+    pending: int
+    oldest_waiting_s: Optional[float]
+
+
+@dataclass
 class ModelQueueStats:
     model: str
     depth: int  # entries on the job stream: waiting + in flight
@@ -40,14 +56,26 @@ class ModelQueueStats:
     dlq: int
     oldest_waiting_s: Optional[float]  # age of the oldest undelivered job
     workers: list[WorkerInfo] = field(default_factory=list)
+    lanes: list[LaneStats] = field(default_factory=list)
 
     @property
     def workers_alive(self) -> int:
         return sum(1 for w in self.workers if w.alive)
 
+    def totals(self, by: str) -> dict[str, dict[str, int]]:
+        """waiting/pending per priority class (``by="cls"``) or tenant lane (``by="tenant"``)."""
+        out: dict[str, dict[str, int]] = {}
+        for ln in self.lanes:
+            row = out.setdefault(getattr(ln, by) or "-", {"waiting": 0, "pending": 0})
+            row["waiting"] += ln.waiting
+            row["pending"] += ln.pending
+        return out
+
     def as_dict(self) -> dict:
         d = asdict(self)
         d["workers_alive"] = self.workers_alive
+        d["by_class"] = self.totals("cls")
+        d["by_tenant"] = self.totals("tenant")
         return d
 
 
@@ -60,8 +88,8 @@ def live_workers(r, model: str, stale_s: float, now: Optional[float] = None) -> 
     return out
 
 
-def model_stats(r, model: str, stale_s: float = 15.0) -> ModelQueueStats:
-    stream = keys.jobs(model)
+def lane_stats(r, lane: Lane) -> LaneStats:
+    stream = lane.stream
     depth = int(r.xlen(stream))
     pending, last_delivered = 0, "0-0"
     if depth:
@@ -80,10 +108,17 @@ def model_stats(r, model: str, stale_s: float = 15.0) -> ModelQueueStats:
         if nxt:
             ms = int(as_str(nxt[0][0]).split("-")[0])
             oldest = round(max(0.0, time.time() - ms / 1000.0), 3)
+    return LaneStats(lane.cls, lane.tenant, lane.partition, depth, waiting, pending, oldest)
+
+
+def model_stats(r, model: str, stale_s: float = 15.0) -> ModelQueueStats:
+    lanes = [lane_stats(r, ln) for ln in lanes_of(r, model)]
+    ages = [ln.oldest_waiting_s for ln in lanes if ln.oldest_waiting_s is not None]
+    dlq = sum(int(r.xlen(keys.dlq(model, p))) for p in range(keys.partitions()))
     return ModelQueueStats(
-        model=model, depth=depth, waiting=waiting, pending=pending,
-        dlq=int(r.xlen(keys.dlq(model))), oldest_waiting_s=oldest,
-        workers=live_workers(r, model, stale_s),
+        model=model, depth=sum(ln.depth for ln in lanes), waiting=sum(ln.waiting for ln in lanes),
+        pending=sum(ln.pending for ln in lanes), dlq=dlq, oldest_waiting_s=max(ages) if ages else None,
+        workers=live_workers(r, model, stale_s), lanes=lanes,
     )
 
 

@@ -24,6 +24,10 @@ class ProducerSettings(QueuePolicy):
     admission_replicas: int = Field(0, ge=0, description="Replicas that must acknowledge an admitted job (WAIT); 0 = off.")
     admission_wait_ms: int = Field(1000, ge=1, description="Longest WAIT for those replicas (ms); then the job is returned, marked not replicated.")
 
+    # Prefix affinity: derive a session from the first N characters of a longer
+    # prompt (0 = only an explicit session_id routes a job to a preferred worker).
+    affinity_prefix_chars: int = Field(0, ge=0, description="derive a session id from a prompt prefix this long (0 = off)")
+
     @model_validator(mode="after")
     def _wait_below_socket_timeout(self):
         if self.admission_replicas and self.admission_wait_ms / 1000 >= self.socket_timeout - 1:

@@ -36,9 +36,15 @@ class Job(BaseModel):
     messages: Optional[list[ChatMessage]] = Field(None, min_length=1, max_length=1024)
     prompt_token_ids: Optional[list[int]] = Field(None, min_length=1, max_length=1_000_000)
     sampling: SamplingParams = Field(default_factory=SamplingParams)
-    priority: int = Field(0, ge=-1000, le=1000, description="Lower value is served first (vLLM's convention).")
+    priority: int = Field(0, ge=-1000, le=1000, description="Lower value is served first (vLLM's convention), within its class.")
+    priority_class: Literal["interactive", "batch"] = Field(
+        "interactive", description="A worker takes every waiting interactive job before any batch job, and may "
+                                   "preempt a running batch job for an interactive one.")
     deadline: Optional[float] = Field(None, description="Unix time after which the job is finished with reason 'deadline'.")
     tenant: Optional[str] = Field(None, max_length=128)
+    session_id: Optional[str] = Field(None, min_length=1, max_length=256,
+                                      description="Jobs of one session prefer the worker that served it last "
+                                                  "(its prefix cache).")
     metadata: dict[str, Any] = Field(default_factory=dict)
     created_at: float = Field(default_factory=time.time)
 

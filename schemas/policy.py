@@ -23,6 +23,9 @@ class QueuePolicy(RedisSettings):
     dlq_maxlen: int = Field(10_000, ge=1, description="Most entries kept on a model's dead-letter stream.")
     dlq_max_age_s: int = Field(7 * 86_400, ge=60, description="Dead letters older than this are trimmed.")
     dlq_payload: Literal["keep", "redact"] = Field("keep", description="keep the job payload in the DLQ (retryable) or redact it")
+    # Fair share: each tenant's jobs wait on a lane of their own, which workers
+    # serve in weighted fair order (by tokens); off: tenants share one lane.
+    fair_share: bool = Field(False, description="give each tenant its own lane, served in weighted fair order")
     # Shutdown: the worker drains this long, and whoever supervises it (inferq up) waits for that.
     drain_timeout: float = Field(30.0, ge=0.0, description="seconds to finish in-flight jobs on SIGTERM")
 

@@ -34,22 +34,29 @@ def _run(p, name: str, keys_: list[str], args: list):
     return p.eval(source(name), len(keys_), *keys_, *args)
 
 
-def _job_keys(model: str, job_id: Optional[str]) -> list[str]:
-    # A script must declare every key it may touch, used or not.
-    jid = job_id or "-"
-    return [keys.jobs(model), keys.job_info(jid), keys.reply(jid), keys.cancel(jid)]
+def _job_keys(stream: str, job_id: Optional[str]) -> list[str]:
+    # A script must declare every key it may touch, used or not; all of them in
+    # the stream's partition, so the script runs on one cluster slot (the intake
+    # refuses a job whose id belongs to another partition, see ``in_partition``).
+    jid, tag = job_id or "-", keys.tag_of(stream)
+    return [stream, keys.job_info(jid, tag), keys.reply(jid, tag), keys.cancel(jid, tag)]
 
 
-def claim_attempt(p, *, model: str, entry_id: str, consumer: str, job_id: str, live_ttl: int):
+def in_partition(stream: str, job_id: str) -> bool:
+    """Whether a job's keys live in the slot of the stream its entry is on."""
+    return keys.job_tag(job_id) == keys.tag_of(stream)
+
+
+def claim_attempt(p, *, stream: str, entry_id: str, consumer: str, job_id: str, live_ttl: int):
     """Start a new attempt of an entry this consumer holds: [attempt, cancelled]."""
-    stream, info, _, cancel = _job_keys(model, job_id)
+    stream, info, _, cancel = _job_keys(stream, job_id)
     return _run(p, "claim_attempt", [stream, info, cancel], [keys.JOBS_GROUP, entry_id, consumer, live_ttl])
 
 
-def start(p, *, model: str, entry_id: str, consumer: str, attempt: int, job_id: str,
+def start(p, *, stream: str, entry_id: str, consumer: str, attempt: int, job_id: str,
           events: list[dict[str, str]], fields: dict[str, Any], live_ttl: int, reply_maxlen: int):
     """The attempt's first events (``encode_event`` dicts) and its running status."""
-    stream, info, reply, _ = _job_keys(model, job_id)
+    stream, info, reply, _ = _job_keys(stream, job_id)
     flat_events: list = [len(events)]
     for ev in events:
         flat_events += [ev["type"], ev["data"]]
@@ -57,21 +64,21 @@ def start(p, *, model: str, entry_id: str, consumer: str, attempt: int, job_id: 
                 [keys.JOBS_GROUP, entry_id, consumer, attempt, live_ttl, reply_maxlen, *flat_events, *_flat(fields)])
 
 
-def finish(p, *, model: str, entry_id: str, consumer: str, attempt: int, job_id: str, event: dict[str, str],
+def finish(p, *, stream: str, entry_id: str, consumer: str, attempt: int, job_id: str, event: dict[str, str],
            fields: dict[str, Any], ttl_after_done: int, reply_maxlen: int):
     """The final ``done`` event and status, then ack + delete of the entry."""
-    return _run(p, "finish", _job_keys(model, job_id),
+    return _run(p, "finish", _job_keys(stream, job_id),
                 [keys.JOBS_GROUP, entry_id, consumer, attempt, ttl_after_done, reply_maxlen,
                  event["type"], event["data"], *_flat(fields)])
 
 
-def fail(p, *, model: str, entry_id: str, consumer: str, attempt: int, job_id: Optional[str],
+def fail(p, *, stream: str, dlq: str, entry_id: str, consumer: str, attempt: int, job_id: Optional[str],
          error_data: str, fields: dict[str, Any], dead: DeadLetter, dlq_maxlen: int, ttl_after_done: int,
          reply_maxlen: int):
     """``error`` event and status (when ``job_id`` is known and ``error_data`` given),
     the dead letter, then ack + delete. ``attempt`` 0: the caller holds no attempt
     yet (an unreadable payload), so only its ownership of the entry is checked."""
-    return _run(p, "fail", [*_job_keys(model, job_id), keys.dlq(model)],
+    return _run(p, "fail", [*_job_keys(stream, job_id), dlq],
                 [keys.JOBS_GROUP, entry_id, consumer, attempt, ttl_after_done, reply_maxlen,
                  error_data if job_id else "", dlq_maxlen, *_flat(fields if job_id else {}),
                  *_flat(dead.to_fields())])
@@ -83,17 +90,17 @@ def request_cancel(r, *, job_id: str, ttl: int):
     return _run(r, "request_cancel", [keys.job_info(job_id), keys.cancel(job_id)], [ttl])
 
 
-def renew(r, *, model: str, consumer: str, entry_ids: list[str]) -> list[str]:
+def renew(r, *, stream: str, consumer: str, entry_ids: list[str]) -> list[str]:
     """Reset the idle time of the entries this consumer still owns; returns the
     ones it lost (another consumer claimed them)."""
     if not entry_ids:
         return []
-    lost = _run(r, "renew", [keys.jobs(model)], [keys.JOBS_GROUP, consumer, *entry_ids])
+    lost = _run(r, "renew", [stream], [keys.JOBS_GROUP, consumer, *entry_ids])
     return [x.decode() if isinstance(x, bytes) else str(x) for x in lost]
 
 
-def hand_back(r, *, model: str, consumer: str, entry_ids: list[str], idle_ms: int) -> int:
+def hand_back(r, *, stream: str, consumer: str, entry_ids: list[str], idle_ms: int) -> int:
     """Mark the entries this consumer still owns idle past the reapers' threshold."""
     if not entry_ids:
         return 0
-    return int(_run(r, "handback", [keys.jobs(model)], [keys.JOBS_GROUP, consumer, idle_ms, *entry_ids]))
+    return int(_run(r, "handback", [stream], [keys.JOBS_GROUP, consumer, idle_ms, *entry_ids]))

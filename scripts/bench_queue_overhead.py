@@ -105,6 +105,7 @@ def publisher_throughput(redis_url, n_jobs, n_steps, coalesce, flush_steps):
     from gpuworker.service.messages import StepOutput
     from gpuworker.service.publisher import STOP, Publisher
     from gpuworker.service.state import InFlight, JobState
+    from schemas import keys
     from schemas.job import Job
 
     r = redis.Redis.from_url(redis_url)
@@ -116,7 +117,7 @@ def publisher_throughput(redis_url, n_jobs, n_steps, coalesce, flush_steps):
         inflight.add(JobState(job=job, entry_id=f"{i + 1}-0", raw="{}", attempt=1, log=get_logger()))
     ids = [st.id for st in inflight.snapshot()]
     items: queue.Queue = queue.Queue()
-    pub = Publisher(ctx, r, inflight, items, queue.Queue(), lambda e: None, WorkerMetrics("bench-pub"),
+    pub = Publisher(ctx, r, inflight, items, queue.Queue(), lambda *e: None, WorkerMetrics("bench-pub"),
                     get_logger(), coalesce=coalesce, max_flush_steps=flush_steps)
     stats = EngineStats(n_jobs, 0, 0.5, 1000, 500, 0, 0, 0, 0, 0, 0)
     pub.start()
@@ -129,7 +130,7 @@ def publisher_throughput(redis_url, n_jobs, n_steps, coalesce, flush_steps):
     items.put(STOP)
     pub.join()
     dt = time.perf_counter() - t0
-    written = sum(r.xlen(f"inferq:reply:{{{rid}}}") for rid in ids)
+    written = sum(r.xlen(keys.reply(rid)) for rid in ids)
     r.close()
     return pub.events_written, written, pub.flushes, dt
 

@@ -68,9 +68,10 @@ def test_events_round_trip_through_stream_fields():
         assert decode_event(raw) == ev
 
 
-def test_keys_share_hash_tags_per_job_and_model():
-    assert keys.reply("j1").endswith("{j1}") and keys.cancel("j1").endswith("{j1}")
-    assert "{m}" in keys.jobs("m") and "{m}" in keys.dlq("m")
+def test_a_jobs_keys_share_its_partitions_hash_tag():
+    tag = keys.job_tag("j1")
+    assert {keys.tag_of(k) for k in (keys.reply("j1"), keys.cancel("j1"), keys.job_info("j1"))} == {tag}
+    assert keys.name_of(keys.reply("j1")) == "j1" and keys.name_of(keys.dlq("m")) == "m"
 
 
 @pytest.mark.parametrize("fields", [

@@ -16,9 +16,21 @@ import time
 from collections import deque
 from typing import Callable, Optional
 
+from schemas import keys
+
 from gpuworker.engine.outputs import RequestDelta
 from gpuworker.service.messages import AbortJob, AddJob, Dropped, DropJob, Failed, Rejected, StepOutput
 from gpuworker.service.state import InFlight, JobState
+
+
+# Job priorities span -1000..1000; each class lies wholly after the one before,
+# so the engine's priority policy runs (and preempts for) interactive jobs first.
+CLASS_STRIDE = 10_000
+
+
+def engine_priority(job) -> int:
+    rank = keys.CLASSES.index(job.priority_class) if job.priority_class in keys.CLASSES else len(keys.CLASSES)
+    return rank * CLASS_STRIDE + job.priority
 
 
 class EngineLoop(threading.Thread):
@@ -126,7 +138,7 @@ class EngineLoop(threading.Thread):
             self.engine.abort(st.id)
         job = st.job
         try:
-            self.engine.add_request(st.id, st.prompt_ids, job.sampling, priority=job.priority,
+            self.engine.add_request(st.id, st.prompt_ids, job.sampling, priority=engine_priority(job),
                                     deadline=job.deadline, arrival_time=st.created)
         except ValueError as e:
             self._in_engine.discard(st.id)

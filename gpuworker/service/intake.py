@@ -1,9 +1,11 @@
-"""Intake thread: pulls job entries from the model's stream into the engine.
+"""Intake thread: pulls job entries from the model's lanes into the engine.
 
 Order of reading: entries handed back locally (reclaimed by the reaper, or to
 retry after an engine fault), then this consumer's own pending entries (left
-by a previous run under the same worker id), then new ones (``>``), never more
-than the free capacity.
+by a previous run under the same worker id), then new ones (``>``) in the
+order gpuworker/service/lanes.py decides, never more than the free capacity
+(plus, for interactive jobs, a small reserve the engine makes room for by
+preempting batch jobs).
 """
 from __future__ import annotations
 
@@ -12,18 +14,21 @@ import queue
 import re
 import threading
 import time
+from collections import Counter
 from typing import Optional
 
 import redis
 from pydantic import ValidationError
 
 from schemas.text import as_str
-from schemas import Usage, transitions
+from schemas import Usage, keys, transitions
 from schemas.job import Job, job_payload
+from schemas.queues import Lane
 
 from gpuworker.service import replies
-from gpuworker.service.batch import REFUSING_WRITES, Batch, retrying
+from gpuworker.service.batch import REFUSING_WRITES, TRANSIENT, Batch, retrying
 from gpuworker.service.context import WorkerContext
+from gpuworker.service.lanes import LaneReader
 from gpuworker.service.messages import AddJob, Started
 from gpuworker.service.prompts import PromptBuilder, PromptError
 from gpuworker.service.state import InFlight, JobState
@@ -60,22 +65,28 @@ class Intake(threading.Thread):
         self.to_engine, self.to_publisher, self.metrics, self.log = to_engine, to_publisher, metrics, log
         self.block_ms = block_ms
         self.stop = stop
-        self.local: "queue.Queue[tuple[str, dict, str]]" = queue.Queue()
+        self.local: "queue.Queue[tuple[Lane, str, dict, str]]" = queue.Queue()
+        self.reader = LaneReader(ctx, r, log, self.ensure_group)
         self.error: Optional[BaseException] = None
         # Set once this consumer's own pending entries were re-read; until then
         # the reaper must not claim (its claims would be read twice).
         self.caught_up = threading.Event()
 
     # -- public --------------------------------------------------------------
-    def requeue(self, entries: list, suspect: str = "") -> None:
-        """Entries this consumer owns that should be (re)started here; ``suspect``
-        marks jobs retried after an engine fault (see EngineLoop)."""
+    def requeue(self, lane: Lane, entries: list, suspect: str = "") -> None:
+        """Entries of ``lane`` this consumer owns that should be (re)started here;
+        ``suspect`` marks jobs retried after an engine fault (see EngineLoop)."""
         for entry_id, fields in entries:
-            self.local.put((entry_id, fields, suspect))
+            self.local.put((lane, entry_id, fields, suspect))
 
-    def ensure_group(self) -> None:
+    def ensure_group(self, lane: Optional[Lane] = None) -> None:
+        """The consumer group on a lane's stream (every lane when none is named)."""
+        if lane is None:
+            for ln in self.reader.refresh(force=True):
+                self.ensure_group(ln)
+            return
         try:
-            self.r.xgroup_create(self.ctx.stream, self.ctx.group, id="0", mkstream=True)
+            self.r.xgroup_create(lane.stream, self.ctx.group, id="0", mkstream=True)
         except redis.ResponseError as e:
             if "BUSYGROUP" not in str(e):
                 raise
@@ -98,11 +109,11 @@ class Intake(threading.Thread):
         while not self.stop.is_set():
             self._drain_local()
             free = self.inflight.wait_free(0.2)
-            if free <= 0:
+            extra, running_by_tenant = self._interactive_room(free)
+            if free <= 0 and extra <= 0:
                 continue
             try:
-                resp = self.r.xreadgroup(self.ctx.group, self.ctx.consumer, {self.ctx.stream: ">"},
-                                         count=free, block=self.block_ms)
+                got = self.reader.read(free, extra, running_by_tenant, self.block_ms)
             except REFUSING_WRITES as e:  # out of memory / read-only: take no new work until it passes
                 self.log.warning("redis_refusing_writes_retrying", op="xreadgroup", error=str(e))
                 self.stop.wait(0.5)
@@ -112,44 +123,58 @@ class Intake(threading.Thread):
                     self.ensure_group()
                     continue
                 raise
-            except (redis.ConnectionError, redis.TimeoutError) as e:
+            except TRANSIENT as e:
                 self.log.warning("redis_unavailable_retrying", op="xreadgroup", error=str(e))
                 self.stop.wait(0.5)
                 continue
-            if resp:
-                self.admit(resp[0][1])
+            for lane, entries in got:
+                self.admit(lane, entries)
+
+    def _interactive_room(self, free: int) -> tuple[int, Counter]:
+        """How many interactive jobs may come in past capacity (one per running
+        batch job, up to the reserve: the engine preempts batch jobs for them),
+        and the jobs running here per tenant (for the tenant cap)."""
+        snap = self.inflight.snapshot()
+        by_tenant = Counter(st.job.tenant or "" for st in snap)
+        if not self.ctx.interactive_reserve:
+            return 0, by_tenant
+        batch = sum(1 for st in snap if st.job.priority_class != "interactive")
+        over = max(0, len(snap) - self.inflight.capacity)
+        return max(0, min(self.ctx.interactive_reserve, batch) - over), by_tenant
 
     def _read_own_pending(self) -> None:
-        last = "0"
-        while not self.stop.is_set():
-            free = self.inflight.wait_free(0.5)
-            if free <= 0:
-                continue
-            resp = retrying(
-                lambda: self.r.xreadgroup(self.ctx.group, self.ctx.consumer, {self.ctx.stream: last}, count=free),
-                give_up=self._give_up, log=self.log, what="xreadgroup_pending")
-            entries = resp[0][1] if resp else []
-            if not entries:
-                return
-            last = as_str(entries[-1][0])
-            self.log.info("pending_reread", count=len(entries))
-            self.admit(entries)
+        for lane in self.reader.refresh(force=True):
+            last = "0"
+            while not self.stop.is_set():
+                free = self.inflight.wait_free(0.5)
+                if free <= 0:
+                    continue
+                resp = retrying(
+                    lambda: self.r.xreadgroup(self.ctx.group, self.ctx.consumer, {lane.stream: last}, count=free),
+                    give_up=self._give_up, log=self.log, what="xreadgroup_pending")
+                entries = resp[0][1] if resp else []
+                if not entries:
+                    break
+                last = as_str(entries[-1][0])
+                self.log.info("pending_reread", count=len(entries), stream=lane.stream)
+                self.admit(lane, entries)
 
     def _drain_local(self) -> None:
-        batch, flags = [], {}
+        by_lane: dict[Lane, list] = {}
+        flags = {}
         while True:
             try:
-                entry_id, fields, suspect = self.local.get_nowait()
+                lane, entry_id, fields, suspect = self.local.get_nowait()
             except queue.Empty:
                 break
-            batch.append((entry_id, fields))
+            by_lane.setdefault(lane, []).append((entry_id, fields))
             if suspect:
                 flags[as_str(entry_id)] = suspect
-        if batch:
-            self.admit(batch, flags)
+        for lane, entries in by_lane.items():
+            self.admit(lane, entries, flags)
 
     # -- admission -------------------------------------------------------------
-    def admit(self, entries: list, suspects: Optional[dict] = None) -> None:
+    def admit(self, lane: Lane, entries: list, suspects: Optional[dict] = None) -> None:
         """Validate, count the attempt, and start each job (or finish/reject it)."""
         b = Batch()
         parsed: list[tuple[str, object, Job]] = []
@@ -161,7 +186,7 @@ class Intake(threading.Thread):
             if entry_id in held:
                 continue  # already running here (read twice): one copy is enough
             if not fields:  # deleted from the stream while pending: nothing left to do
-                b.xack(self.ctx.stream, self.ctx.group, entry_id)
+                b.xack(lane.stream, self.ctx.group, entry_id)
                 continue
             raw_b = job_payload(fields)
             # ``raw`` is what the DLQ keeps: the payload's exact bytes.
@@ -171,12 +196,23 @@ class Intake(threading.Thread):
                 # Invalid UTF-8 or a missing field is a client error, not a crash.
                 job = Job.from_fields(fields)
             except Exception as e:
-                self._reject(b, entry_id, raw, salvage_job_id(text), 1, "invalid_job", describe(e), claimed=False)
+                jid = salvage_job_id(text)
+                if jid and not transitions.in_partition(lane.stream, jid):
+                    jid = None  # its keys live on another slot: dead letter only
+                self._reject(b, lane, entry_id, raw, jid, 1, "invalid_job", describe(e), claimed=False)
+                continue
+            if not transitions.in_partition(lane.stream, job.id):
+                # Written past admission onto another partition's stream: its keys
+                # could not be changed atomically with the entry.
+                self._reject(b, lane, entry_id, raw, None, 1, "wrong_partition",
+                             f"job {job.id!r} belongs to partition {keys.partition_of(job.id)} "
+                             f"(INFERQ_PARTITIONS={keys.partitions()}), not to the stream {lane.stream!r}",
+                             claimed=False)
                 continue
             if job.id in running:
                 # Another entry with this job id is running here: dead-letter this
                 # copy without touching the running job's reply stream or status.
-                self._reject(b, entry_id, raw, None, 1, "duplicate_job_id",
+                self._reject(b, lane, entry_id, raw, None, 1, "duplicate_job_id",
                              f"job id {job.id!r} is already running on this worker", claimed=False)
                 continue
             running.add(job.id)
@@ -187,7 +223,7 @@ class Intake(threading.Thread):
 
         # One round trip: claim an attempt of each job (fenced: only while the entry
         # is still this consumer's) and read its cancel flag.
-        idx = [transitions.claim_attempt(b, model=self.ctx.model, entry_id=entry_id, consumer=self.ctx.consumer,
+        idx = [transitions.claim_attempt(b, stream=lane.stream, entry_id=entry_id, consumer=self.ctx.consumer,
                                          job_id=job.id, live_ttl=self.ctx.live_ttl) for entry_id, _, job in parsed]
         res = b.send(self.r, give_up=self._give_up, log=self.log)
 
@@ -205,15 +241,15 @@ class Intake(threading.Thread):
                 continue
             st = JobState(job=job, entry_id=entry_id, raw=raw, attempt=attempt,
                           log=self.log.bind(job_id=job.id, attempt=attempt), received_at=now,
-                          suspect=(suspects or {}).get(entry_id, ""))
+                          suspect=(suspects or {}).get(entry_id, ""), lane=lane)
             if attempt > 1:
                 self.metrics.redeliveries.inc()
             if attempt > self.ctx.max_deliveries:
-                self._reject(b, entry_id, raw, job.id, attempt, "max_deliveries",
+                self._reject(b, lane, entry_id, raw, job.id, attempt, "max_deliveries",
                              f"delivered {attempt - 1} times without finishing (max_deliveries={self.ctx.max_deliveries})")
                 continue
             if job.model != self.ctx.model:
-                self._reject(b, entry_id, raw, job.id, attempt, "unknown_model",
+                self._reject(b, lane, entry_id, raw, job.id, attempt, "unknown_model",
                              f"this worker serves {self.ctx.model!r}, not {job.model!r}")
                 continue
             if cancelled:
@@ -224,16 +260,16 @@ class Intake(threading.Thread):
                 self._finish_early(b, st, "deadline")
                 continue
             if job.sampling.n != 1:
-                self._reject(b, entry_id, raw, job.id, attempt, "unsupported",
+                self._reject(b, lane, entry_id, raw, job.id, attempt, "unsupported",
                              "n > 1 is not supported on the job queue: submit one job per sample")
                 continue
             try:
                 st.prompt_ids = self.prompts.token_ids(job)
             except PromptError as e:
-                self._reject(b, entry_id, raw, job.id, attempt, e.code, str(e))
+                self._reject(b, lane, entry_id, raw, job.id, attempt, e.code, str(e))
                 continue
             except Exception as e:  # a tokenizer failure is this job's problem, not the worker's
-                self._reject(b, entry_id, raw, job.id, attempt, "invalid_prompt", f"tokenization failed: {e}")
+                self._reject(b, lane, entry_id, raw, job.id, attempt, "invalid_prompt", f"tokenization failed: {e}")
                 continue
             ready.append(st)
             self.metrics.queue_time.observe(max(0.0, now - st.created))
@@ -249,13 +285,13 @@ class Intake(threading.Thread):
             self.inflight.add(st)
             self.to_engine.put(AddJob(st))
 
-    def _reject(self, b: Batch, entry_id: str, raw, job_id: Optional[str], attempt: int, code: str, message: str,
+    def _reject(self, b: Batch, lane: Lane, entry_id: str, raw, job_id: Optional[str], attempt: int, code: str, message: str,
                 *, claimed: bool = True) -> None:
         """Error event + dead letter. ``claimed`` False: refused before an attempt
         was claimed (unreadable payload, duplicate id), fenced on the entry alone."""
         self.metrics.error(code)
         self.log.warning("job_rejected", job_id=job_id, entry_id=entry_id, attempt=attempt, code=code, reason=message)
-        replies.fail(b, self.ctx, entry_id=entry_id, raw=raw, job_id=job_id, attempt=attempt if claimed else 0,
+        replies.fail(b, self.ctx, lane=lane, entry_id=entry_id, raw=raw, job_id=job_id, attempt=attempt if claimed else 0,
                      event_attempt=attempt, seq=0, code=code, message=message)
 
     def _finish_early(self, b: Batch, st: JobState, reason: str) -> None:

@@ -54,7 +54,7 @@ class _Round:
 
 class Publisher(threading.Thread):
     def __init__(self, ctx: WorkerContext, r: redis.Redis, inflight: InFlight, items: "queue.Queue",
-                 to_engine: "queue.Queue", requeue: Callable[[list], None], metrics, log, *,
+                 to_engine: "queue.Queue", requeue: Callable[..., None], metrics, log, *,
                  coalesce: bool = False, max_flush_steps: int = 8, give_up: Callable[[], bool] = lambda: False):
         super().__init__(name="inferq-publisher", daemon=True)
         self.ctx, self.r, self.inflight, self.items = ctx, r, inflight, items
@@ -65,7 +65,7 @@ class Publisher(threading.Thread):
         self.error: Optional[BaseException] = None
         self.flushes = 0
         self.events_written = 0
-        self.handed_back: list[str] = []  # entry ids the drain gave up on
+        self.handed_back: list = []  # (lane, entry id) of jobs the drain gave up on
         self._handlers = {Started: self._on_started, StepOutput: self._on_step, Rejected: self._on_rejected,
                           Failed: self._on_failed, Dropped: self._on_dropped}
 
@@ -193,7 +193,7 @@ class Publisher(threading.Thread):
     def _fail(self, rnd: _Round, st: JobState, code: str, message: str) -> None:
         self.metrics.error(code)
         st.log.warning("job_failed", code=code, reason=message)
-        idx = replies.fail(rnd.b, self.ctx, entry_id=st.entry_id, raw=st.raw, job_id=st.id, attempt=st.attempt,
+        idx = replies.fail(rnd.b, self.ctx, lane=st.lane, entry_id=st.entry_id, raw=st.raw, job_id=st.id, attempt=st.attempt,
                            event_attempt=st.attempt, seq=st.next_seq(), code=code, message=message)
         rnd.fenced.append((st, "fail", idx))
         rnd.n_events += 1
@@ -229,11 +229,11 @@ class Publisher(threading.Thread):
             if st is not None:
                 st.drop()
                 if handback:
-                    self.handed_back.append(st.entry_id)
+                    self.handed_back.append((st.lane, st.entry_id))
         for st, flag in rnd.retry:
             self.inflight.remove(st.id)
             raw = st.raw if isinstance(st.raw, bytes) else st.raw.encode("utf-8")
-            self.requeue([(st.entry_id, {JOB_FIELD.encode(): raw})], flag)
+            self.requeue(st.lane, [(st.entry_id, {JOB_FIELD.encode(): raw})], flag)
         self.metrics.inflight.set(len(self.inflight))
 
     def _settle_fenced(self, rnd: _Round, res: list) -> None:

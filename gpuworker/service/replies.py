@@ -9,6 +9,7 @@ from typing import Optional
 
 from schemas import DoneEvent, ErrorEvent, RestartedEvent, StartedEvent, Timings, Usage, encode_event, keys, records
 from schemas import transitions
+from schemas.queues import Lane
 
 from gpuworker.service.batch import Batch
 from gpuworker.service.context import WorkerContext
@@ -43,7 +44,9 @@ def start(b: Batch, ctx: WorkerContext, st: JobState) -> int:
         events.append(encode_event(RestartedEvent(attempt=st.attempt, seq=st.next_seq(), reason="redelivered")))
     events.append(encode_event(StartedEvent(attempt=st.attempt, seq=st.next_seq(), worker=ctx.consumer)))
     fields = records.info_running(ctx.consumer, st.attempt, st.received_at, st.job.model, st.job.tenant)
-    return transitions.start(b, model=ctx.model, entry_id=st.entry_id, consumer=ctx.consumer, attempt=st.attempt,
+    if st.job.session_id:  # prefix affinity: the session's next jobs prefer this worker (a hint)
+        b.set(keys.session(st.job.model, st.job.session_id), ctx.consumer, ex=ctx.session_ttl)
+    return transitions.start(b, stream=st.lane.stream, entry_id=st.entry_id, consumer=ctx.consumer, attempt=st.attempt,
                              job_id=st.id, events=events, fields=fields, live_ttl=ctx.live_ttl,
                              reply_maxlen=reply_cap(ctx, st))
 
@@ -63,12 +66,12 @@ def finish(b: Batch, ctx: WorkerContext, st: JobState, reason: str, usage: Usage
     status = records.CANCELLED if (reason == "abort" and st.cancel_requested) else records.DONE
     fields = {**records.info_done(status, reason, usage.prompt_tokens, usage.completion_tokens),
               "finished_at": repr(now)}
-    return transitions.finish(b, model=ctx.model, entry_id=st.entry_id, consumer=ctx.consumer, attempt=st.attempt,
+    return transitions.finish(b, stream=st.lane.stream, entry_id=st.entry_id, consumer=ctx.consumer, attempt=st.attempt,
                               job_id=st.id, event=encode_event(ev), fields=fields, ttl_after_done=ctx.reply_ttl,
                               reply_maxlen=reply_cap(ctx, st))
 
 
-def fail(b: Batch, ctx: WorkerContext, *, entry_id: str, raw, job_id: Optional[str], attempt: int,
+def fail(b: Batch, ctx: WorkerContext, *, lane: Lane, entry_id: str, raw, job_id: Optional[str], attempt: int,
          event_attempt: int, seq: int, code: str, message: str) -> int:
     """``error`` event of ``event_attempt`` and final status (when the job id is
     known), the dead letter, then ack + delete. ``attempt`` is the attempt this
@@ -77,7 +80,7 @@ def fail(b: Batch, ctx: WorkerContext, *, entry_id: str, raw, job_id: Optional[s
     fields = {**records.info_error(code, message), "finished_at": repr(time.time())}
     dead = records.DeadLetter(job=raw, job_id=job_id or "", entry_id=entry_id, code=code, reason=message,
                               attempts=event_attempt, worker=ctx.consumer, failed_at=time.time())
-    return transitions.fail(b, model=ctx.model, entry_id=entry_id, consumer=ctx.consumer, attempt=attempt,
+    return transitions.fail(b, stream=lane.stream, dlq=lane.dlq, entry_id=entry_id, consumer=ctx.consumer, attempt=attempt,
                             job_id=job_id, error_data=error, fields=fields,
                             dead=dead.redacted() if ctx.dlq_redact else dead, dlq_maxlen=ctx.dlq_maxlen,
                             ttl_after_done=ctx.reply_ttl, reply_maxlen=ctx.reply_maxlen)

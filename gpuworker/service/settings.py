@@ -56,6 +56,14 @@ class WorkerSettings(QueuePolicy):
     coalesce_deltas: bool = Field(False, description="merge a job's deltas within one publish round trip (large batches)")
     max_flush_steps: int = Field(8, ge=1, description="engine steps merged into one pipeline when the publisher lags")
 
+    # Lanes: priority classes and fair share (gpuworker/service/lanes.py)
+    tenant_weights: str = Field("", description="fair-share weights, tenant=weight,... (others weigh 1)")
+    tenant_max_running: int = Field(0, ge=0, description="most jobs of one tenant on this worker at once (0 = no cap)")
+    interactive_reserve: int = Field(4, ge=0, description="interactive jobs taken past capacity while batch jobs run (the engine preempts those)")
+    idle_poll_ms: int = Field(50, ge=5, description="with several lanes or partitions: how often an idle worker looks at all of them")
+    steal_after_ms: int = Field(200, ge=0, description="prefix affinity: a job waiting on another worker's lane this long may be taken by this one")
+    session_ttl: int = Field(600, ge=1, description="prefix affinity: seconds a session remembers the worker that served it")
+
     check_invariants: bool = Field(False, description="verify the KV block pool after aborts and when idle (debugging)")
     # Test aid, off by default: tests that need a job to still be running at some
     # point (a deadline, a drain timeout) pace the engine instead of assuming a slow machine.
@@ -73,6 +81,23 @@ class WorkerSettings(QueuePolicy):
         if self.block_ms / 1000 >= self.socket_timeout - 1:
             raise ValueError(f"block_ms ({self.block_ms}) must stay at least 1 s under socket_timeout ({self.socket_timeout}s)")
         return self
+
+    @model_validator(mode="after")
+    def _weights_parse(self):
+        self.weights()
+        return self
+
+    def weights(self) -> dict[str, float]:
+        out = {}
+        for item in filter(None, (x.strip() for x in self.tenant_weights.split(","))):
+            tenant, sep, w = item.rpartition("=")
+            try:
+                out[tenant] = float(w)
+            except ValueError:
+                sep = ""
+            if not sep or not tenant or out.get(tenant, 0) <= 0:
+                raise ValueError(f"INFERQ_TENANT_WEIGHTS: {item!r} is not tenant=weight with a weight above 0")
+        return out
 
     @property
     def model_name(self) -> str:

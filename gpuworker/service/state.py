@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional, Union
 
 from schemas.job import Job
+from schemas.queues import Lane
 
 _phase_lock = threading.Lock()  # transitions are rare: one lock for all jobs is enough
 
@@ -50,6 +51,12 @@ class JobState:
     # After an engine fault: "suspect" (was in the failing step), "culprit" (the
     # step failed while it was the job on probation); "" otherwise.
     suspect: str = ""
+    # The stream (lane) the job's entry is on: every fenced change names it.
+    lane: Optional[Lane] = None
+
+    def __post_init__(self) -> None:
+        if self.lane is None:
+            self.lane = Lane(self.job.model)
 
     @property
     def id(self) -> str:

@@ -46,6 +46,12 @@ class Worker:
             dlq_maxlen=settings.dlq_maxlen,
             dlq_max_age_s=settings.dlq_max_age_s,
             dlq_redact=settings.dlq_payload == "redact",
+            tenant_weights=settings.weights(),
+            tenant_max_running=settings.tenant_max_running,
+            interactive_reserve=settings.interactive_reserve,
+            idle_poll_ms=settings.idle_poll_ms,
+            steal_after_ms=settings.steal_after_ms,
+            session_ttl=settings.session_ttl,
         )
         self.r = settings.redis()
         self.engine = engine
@@ -139,14 +145,14 @@ class Worker:
         hard.cancel()
         self.stop_lease.set()
         self.lease.join(timeout=5)
-        left = self.publisher.handed_back + [st.entry_id for st in self.inflight.snapshot()]
+        left = self.publisher.handed_back + [(st.lane, st.entry_id) for st in self.inflight.snapshot()]
         # Entries read but never started (still in the intake's local queue) go back too.
         while True:
             try:
-                eid, _, _ = self.intake.local.get_nowait()
+                lane, eid, _, _ = self.intake.local.get_nowait()
             except queue.Empty:
                 break
-            left.append(as_str(eid))
+            left.append((lane, as_str(eid)))
         try:
             self.lease.release(left)
             self.lease.leave()

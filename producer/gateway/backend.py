@@ -11,6 +11,7 @@ from schemas import Job, decode_event, keys, records, transitions
 from schemas.connection import async_client, sync_client
 from schemas.fold import Assembly
 from schemas.follower import Follow, afollow
+from schemas.queues import models_of_keys
 from schemas.text import as_str
 from producer.admission import ADMISSION_LUA, Admitted, aadmit
 from producer.errors import JobNotFound
@@ -83,11 +84,11 @@ class Backend:
         if time.monotonic() - at < max_age_s:
             return models
         found = set()
-        for kind in ("workers", "jobs"):
-            async for key in self.redis.scan_iter(match=keys.pattern(kind), count=500):
-                m = keys.tag_of(as_str(key))
-                if m:
-                    found.add(m)
+        async for key in self.redis.scan_iter(match=keys.pattern("workers"), count=500):
+            m = keys.tag_of(as_str(key))
+            if m:
+                found.add(m)
+        found |= models_of_keys([k async for k in self.redis.scan_iter(match=keys.pattern("jobs"), count=500)])
         models = sorted(found)
         self._models_cache = (time.monotonic(), models)
         return models

@@ -85,7 +85,7 @@ async def parse_line(ctx: Context, batch: dict, number: int, raw: bytes, seen: s
             ctx, req, lambda name: resolve_model(ctx, name, require_worker=False),
             tenant=batch.get("tenant") or None, deadline=float(batch["expires_at"]),
             priority=max(-1000, min(1000, s.batch_priority + req.priority)),
-            metadata={"class": "batch", "batch_id": batch["id"], "custom_id": cid})
+            metadata={"class": "batch", "batch_id": batch["id"], "custom_id": cid}, priority_class="batch")
     except APIError as e:
         e.message = f"line {number}: {e.message}"
         line.error = e

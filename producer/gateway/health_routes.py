@@ -51,7 +51,8 @@ def _not_ready(reason: str, models: dict) -> JSONResponse:
 async def metrics(request: Request):
     ctx = ctx_of(request)
     try:
-        ctx.metrics.set_queue_stats(await ctx.backend.queue_stats())
+        tenants = frozenset(p.tenant for p in request.app.state.api_keys.values() if p.tenant)
+        ctx.metrics.set_queue_stats(await ctx.backend.queue_stats(), tenants)
     except Exception:
         pass  # Redis down: still export the gateway's own counters
     return Response(generate_latest(ctx.metrics.registry), media_type=CONTENT_TYPE_LATEST)

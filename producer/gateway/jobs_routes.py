@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 import time
-from typing import Any, Optional
+from typing import Any, Literal, Optional
 
 from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -39,6 +39,8 @@ class JobRequest(BaseModel):
     prompt_token_ids: Optional[list[int]] = None
     sampling: dict[str, Any] = Field(default_factory=dict)
     priority: int = 0
+    priority_class: Literal["interactive", "batch"] = "interactive"
+    session_id: Optional[str] = Field(None, min_length=1, max_length=256)
     deadline: Optional[float] = Field(None, description="Unix time.")
     timeout_s: Optional[float] = Field(None, gt=0, description="Relative deadline; ignored if deadline is set.")
     idempotency_key: Optional[str] = Field(None, min_length=1, max_length=200)
@@ -70,7 +72,8 @@ async def submit_job(req: JobRequest, request: Request, principal: Principal = D
     model = await resolve_model(ctx, req.model)
     deadline = req.deadline if req.deadline is not None else (time.time() + req.timeout_s if req.timeout_s else None)
     job = make_job(model=model, prompt=req.prompt, messages=messages, prompt_token_ids=req.prompt_token_ids,
-                   sampling=sampling, priority=req.priority, deadline=deadline, tenant=principal.tenant,
+                   sampling=sampling, priority=req.priority, priority_class=req.priority_class, deadline=deadline,
+                   tenant=principal.tenant, session_id=req.session_id,
                    metadata=req.metadata)
     adm = await admit(ctx, job, req.idempotency_key)
     ctx.metrics.jobs_submitted.labels(route="jobs").inc()

@@ -45,9 +45,20 @@ class GatewayMetrics:
                                   ["model"], registry=r)
         self.dlq = Gauge("inferq_dlq_size", "Entries in the dead-letter stream", ["model"], registry=r)
         self.workers = Gauge("inferq_workers_alive", "Workers with a fresh heartbeat", ["model"], registry=r)
+        # Per priority class and per fair-share tenant lane. Tenants come only from
+        # the configured API keys (others count as "other"): a bounded label set.
+        self.class_waiting = Gauge("inferq_queue_class_waiting", "Undelivered jobs per priority class",
+                                   ["model", "class"], registry=r)
+        self.class_pending = Gauge("inferq_queue_class_pending", "Delivered, unacked jobs per priority class",
+                                   ["model", "class"], registry=r)
+        self.tenant_waiting = Gauge("inferq_queue_tenant_waiting", "Undelivered jobs per tenant lane (fair share on)",
+                                    ["model", "tenant"], registry=r)
+        self.tenant_pending = Gauge("inferq_queue_tenant_pending", "Delivered, unacked jobs per tenant lane",
+                                    ["model", "tenant"], registry=r)
 
-    def set_queue_stats(self, stats) -> None:
-        for g in (self.queue_depth, self.queue_waiting, self.queue_pending, self.queue_oldest, self.dlq, self.workers):
+    def set_queue_stats(self, stats, tenants: frozenset = frozenset()) -> None:
+        for g in (self.queue_depth, self.queue_waiting, self.queue_pending, self.queue_oldest, self.dlq, self.workers,
+                  self.class_waiting, self.class_pending, self.tenant_waiting, self.tenant_pending):
             g.clear()
         for s in stats:
             self.queue_depth.labels(s.model).set(s.depth)
@@ -56,6 +67,20 @@ class GatewayMetrics:
             self.queue_oldest.labels(s.model).set(s.oldest_waiting_s or 0.0)
             self.dlq.labels(s.model).set(s.dlq)
             self.workers.labels(s.model).set(s.workers_alive)
+            for cls, row in s.totals("cls").items():
+                self.class_waiting.labels(s.model, cls).set(row["waiting"])
+                self.class_pending.labels(s.model, cls).set(row["pending"])
+            by_tenant: dict[str, dict[str, int]] = {}
+            for tenant, row in s.totals("tenant").items():
+                if tenant == "-":
+                    continue  # the shared lane: no tenant to name
+                label = tenant if tenant in tenants else "other"
+                acc = by_tenant.setdefault(label, {"waiting": 0, "pending": 0})
+                acc["waiting"] += row["waiting"]
+                acc["pending"] += row["pending"]
+            for label, row in by_tenant.items():
+                self.tenant_waiting.labels(s.model, label).set(row["waiting"])
+                self.tenant_pending.labels(s.model, label).set(row["pending"])
 
 
 def route_label(path: str) -> str:

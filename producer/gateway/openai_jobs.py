@@ -42,7 +42,7 @@ class Prepared:
 
 async def prepare_completion(ctx: Context, req: CompletionRequest, resolve: Resolver, *, tenant: Optional[str],
                              deadline: float, priority: Optional[int] = None,
-                             metadata: Optional[dict] = None) -> Prepared:
+                             metadata: Optional[dict] = None, priority_class: Optional[str] = None) -> Prepared:
     if req.suffix:
         raise bad_request("suffix is not supported", param="suffix")
     text, token_ids = req.single_prompt()
@@ -58,6 +58,7 @@ async def prepare_completion(ctx: Context, req: CompletionRequest, resolve: Reso
     model = await resolve(req.model)
     job = make_job(model=model, prompt=text, prompt_token_ids=token_ids, sampling=sampling,
                    priority=req.priority if priority is None else priority, tenant=tenant, deadline=deadline,
+                   priority_class=priority_class or req.priority_class, session_id=req.session_id,
                    metadata={"route": "completions", **(metadata or {})})
     return Prepared("completions", job, model, req.logprobs, req.prompt_logprobs,
                     prefix=text if req.echo and text else "", echo=req.echo,
@@ -65,7 +66,8 @@ async def prepare_completion(ctx: Context, req: CompletionRequest, resolve: Reso
 
 
 async def prepare_chat(ctx: Context, req: ChatCompletionRequest, resolve: Resolver, *, tenant: Optional[str],
-                       deadline: float, priority: Optional[int] = None, metadata: Optional[dict] = None) -> Prepared:
+                       deadline: float, priority: Optional[int] = None, metadata: Optional[dict] = None,
+                       priority_class: Optional[str] = None) -> Prepared:
     messages = req.job_messages()
     check_prompt_size(ctx.settings, messages=messages)
     logprobs_n: Optional[int] = None
@@ -79,5 +81,6 @@ async def prepare_chat(ctx: Context, req: ChatCompletionRequest, resolve: Resolv
     # The worker applies the model's chat template to `messages`.
     job = make_job(model=model, messages=messages, sampling=sampling,
                    priority=req.priority if priority is None else priority, tenant=tenant, deadline=deadline,
+                   priority_class=priority_class or req.priority_class, session_id=req.session_id,
                    metadata={"route": "chat.completions", **(metadata or {})})
     return Prepared("chat", job, model, logprobs_n, req.prompt_logprobs)

@@ -44,6 +44,15 @@ class _Common(BaseModel):
     ignore_eos: Optional[bool] = None
     stop_token_ids: Optional[list[int]] = None
     priority: int = Field(0, ge=-1000, le=1000)
+    # OpenAI's service tiers: "flex" (slower, cheaper) runs in the batch class,
+    # behind every interactive job; the others are interactive.
+    service_tier: Optional[Literal["auto", "default", "flex", "priority"]] = None
+    # inferq extension: requests of one session prefer the worker that served it last.
+    session_id: Optional[str] = Field(None, min_length=1, max_length=256)
+
+    @property
+    def priority_class(self) -> str:
+        return "batch" if self.service_tier == "flex" else "interactive"
 
     @field_validator("n")
     @classmethod

@@ -187,7 +187,7 @@ def test_redis_reports_null_lag_after_deleting_the_last_delivered_entry(module_r
     """The Redis rule behind the NULL, with the exact commands the worker issues
     (XREADGROUP COUNT=free, then XACK + XDEL of a finished job)."""
     r = redis.Redis.from_url(module_redis.url)
-    s, g = "inferq:jobs:{null-lag}", keys.JOBS_GROUP
+    s, g = keys.jobs("null-lag"), keys.JOBS_GROUP
     r.xgroup_create(s, g, id="0", mkstream=True)
     ids = [r.xadd(s, {"job": f"j{i}"}) for i in range(5)]
     r.xreadgroup(g, "w", {s: ">"}, count=2)             # a worker with 2 free slots
@@ -225,8 +225,7 @@ def test_redis_reports_null_lag_after_deleting_the_last_delivered_entry(module_r
 
 
 def snap_raw(r: redis.Redis, stream: str) -> Snap:
-    model = stream[len("inferq:jobs:{"):-1]
-    return snap(r, model)
+    return snap(r, keys.name_of(stream))
 
 
 def test_null_lag_window_across_a_drain_keeps_a_keda_trigger_active(module_redis, tiny_model, start_worker):

@@ -37,7 +37,7 @@ def held_by_a(r) -> tuple[Publisher, JobState, WorkerMetrics]:
     r.xgroup_create(ctx.stream, ctx.group, id="0", mkstream=True)
     eid = r.xadd(ctx.stream, job.to_fields()).decode()
     r.xreadgroup(ctx.group, "w-a", {ctx.stream: ">"})
-    attempt, _ = transitions.claim_attempt(r, model=MODEL, entry_id=eid, consumer="w-a", job_id=job.id, live_ttl=60)
+    attempt, _ = transitions.claim_attempt(r, stream=ctx.stream, entry_id=eid, consumer="w-a", job_id=job.id, live_ttl=60)
     st = JobState(job=job, entry_id=eid, raw=job.to_fields()["job"], attempt=attempt, log=get_logger())
     inflight = InFlight(4)
     inflight.add(st)
@@ -49,7 +49,7 @@ def held_by_a(r) -> tuple[Publisher, JobState, WorkerMetrics]:
 
 def b_reclaims(r, st: JobState) -> None:
     r.xclaim(keys.jobs(MODEL), keys.JOBS_GROUP, "w-b", 0, [st.entry_id])
-    attempt, _ = transitions.claim_attempt(r, model=MODEL, entry_id=st.entry_id, consumer="w-b", job_id=st.id,
+    attempt, _ = transitions.claim_attempt(r, stream=keys.jobs(MODEL), entry_id=st.entry_id, consumer="w-b", job_id=st.id,
                                            live_ttl=60)
     assert attempt == st.attempt + 1
 
@@ -82,7 +82,7 @@ def test_a_finish_after_the_lease_was_lost_is_refused(r):
     assert r.hget(keys.job_info(st.id), "attempt") == b"2"
     assert len(pub.inflight) == 0
     # The renewal says the same thing: the entry is not ours any more.
-    assert transitions.renew(r, model=MODEL, consumer="w-a", entry_ids=[st.entry_id]) == [st.entry_id]
+    assert transitions.renew(r, stream=keys.jobs(MODEL), consumer="w-a", entry_ids=[st.entry_id]) == [st.entry_id]
 
 
 def test_a_failure_after_the_lease_was_lost_is_refused(r):

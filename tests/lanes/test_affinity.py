@@ -1,0 +1,51 @@
+"""Prefix affinity across workers: jobs of one session run on the worker that
+served the session last (its prefix cache holds the prompt), and an idle worker
+takes such a job when that worker is busy."""
+from __future__ import annotations
+
+from producer import Producer
+from schemas import keys
+from schemas.queues import lanes_of
+from tests.service.conftest import wait_for
+
+GREEDY = {"temperature": 0.0, "ignore_eos": True}
+
+
+def test_a_sessions_jobs_follow_its_worker(module_redis, tiny_model, start_worker):
+    served = "affinity-follow"
+    for w in ("aff-a", "aff-b"):
+        start_worker(module_redis.url, tiny_model, served, w, "--max-num-seqs", "4")
+    p = Producer(module_redis.url, default_model=served)
+    prefix = [11, 12, 13, 14, 15, 16, 17, 18] * 4
+    for session in ("s-1", "s-2", "s-3", "s-4"):
+        first = p.submit(prompt_token_ids=prefix + [1], sampling={**GREEDY, "max_tokens": 2}, session_id=session)
+        first.result(timeout=120)
+        home = first.status()["worker"]
+        assert p.redis.get(keys.session(served, session)).decode() == home
+        for i in range(5):
+            h = p.submit(prompt_token_ids=prefix + [i + 2], sampling={**GREEDY, "max_tokens": 2}, session_id=session)
+            h.result(timeout=120)
+            assert h.status()["worker"] == home
+    owners = {ln.owner for ln in lanes_of(p.redis, served)}
+    assert owners >= {""} and owners - {""} <= {"aff-a", "aff-b"} and len(owners) >= 2
+    p.close()
+
+
+def test_an_idle_worker_takes_a_session_job_when_its_worker_is_busy(module_redis, tiny_model, start_worker):
+    served = "affinity-steal"
+    # One slot each; the pace makes the long job outlast the steal delay whatever the machine.
+    busy = start_worker(module_redis.url, tiny_model, served, "steal-busy", "--max-num-seqs", "1",
+                        "--interactive-reserve", "0", "--step-pace-s", "0.02")
+    p = Producer(module_redis.url, default_model=served)
+    first = p.submit(prompt_token_ids=[3, 4, 5], sampling={**GREEDY, "max_tokens": 2}, session_id="s-busy")
+    first.result(timeout=120)
+    assert first.status()["worker"] == busy.worker_id
+    long = p.submit(prompt_token_ids=[9, 9, 9], sampling={**GREEDY, "max_tokens": 400})
+    wait_for(lambda: long.status()["status"] == "running", timeout=60, what="the long job running")
+    start_worker(module_redis.url, tiny_model, served, "steal-idle", "--max-num-seqs", "1",
+                 "--steal-after-ms", "100")
+    h = p.submit(prompt_token_ids=[3, 4, 5, 6], sampling={**GREEDY, "max_tokens": 2}, session_id="s-busy")
+    h.result(timeout=120)
+    assert h.status()["worker"] == "steal-idle"
+    assert long.status()["status"] == "running"  # taken while its preferred worker was still busy
+    p.close()
