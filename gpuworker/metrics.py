@@ -46,7 +46,13 @@ class WorkerMetrics:
         self.kv_usage = g("inferq:kv_cache_usage_perc", "Fraction of KV blocks in use (0-1).")
         self.prefix_queries = c("inferq:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.")
         self.prefix_hits = c("inferq:prefix_cache_hits", "Prompt tokens found in the prefix cache.")
-        self.preemptions = c("inferq:num_preemptions", "Requests preempted (recompute).")
+        # One series per reason, both created up front: "kv" (blocks ran out for a
+        # running request) and "priority" (a waiting request of better priority
+        # took the seat or blocks); their sum is vLLM's vllm:num_preemptions.
+        preemptions = Counter("inferq:num_preemptions", "Requests preempted (recompute), by reason.",
+                              L + ["reason"], registry=reg)
+        self.preemptions_kv = preemptions.labels(model_name, "kv")
+        self.preemptions_priority = preemptions.labels(model_name, "priority")
         self.prompt_tokens = c("inferq:prompt_tokens", "Prompt tokens computed (prefill).")
         self.generation_tokens = c("inferq:generation_tokens", "Tokens generated.")
         self._finished = Counter("inferq:request_success", "Jobs finished, by finish reason.",
@@ -69,7 +75,7 @@ class WorkerMetrics:
         self.invariant_failures = c("inferq:engine_invariant_failures",
                                     "Block-pool invariant violations seen (only checked with --check-invariants).")
         self.config = Info("inferq:worker_config", "Worker and engine configuration.", registry=reg)
-        self._last_totals = {"q": 0, "h": 0, "p": 0, "pt": 0, "gt": 0}
+        self._last_totals = {"q": 0, "h": 0, "pk": 0, "pp": 0, "pt": 0, "gt": 0}
 
     def finished(self, reason: str) -> None:
         self._finished.labels(self.model_name, reason).inc()
@@ -86,10 +92,12 @@ class WorkerMetrics:
         self.waiting.set(stats.num_waiting)
         self.kv_usage.set(stats.kv_cache_usage)
         last = self._last_totals
+        priority = stats.num_priority_preemptions
         for key, counter, total in (
             ("q", self.prefix_queries, stats.prefix_cache_queries),
             ("h", self.prefix_hits, stats.prefix_cache_hits),
-            ("p", self.preemptions, stats.num_preemptions),
+            ("pk", self.preemptions_kv, stats.num_preemptions - priority),
+            ("pp", self.preemptions_priority, priority),
             ("pt", self.prompt_tokens, stats.num_prompt_tokens),
             ("gt", self.generation_tokens, stats.num_generated_tokens),
         ):

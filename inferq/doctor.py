@@ -2,7 +2,9 @@
 is the bottleneck, and what to change.
 
 The three engine limits (as vLLM's scheduler has them):
-- KV cache blocks: preemptions happen, or usage sits near 100% with work waiting.
+- KV cache blocks: preemptions for blocks happen, or usage sits near 100% with work
+  waiting. (Preemptions by a better-priority job, reason="priority", are the
+  priority policy at work, not a shortage, and are only reported.)
 - Token budget (max_num_batched_tokens): steps are full and mostly prefill,
   so prompt chunks crowd out decodes while work waits.
 - max_num_seqs: the running set is at its cap while KV is still free and work waits.
@@ -46,7 +48,8 @@ class Sample:
     running: float = 0.0
     waiting: float = 0.0
     kv_usage: float = 0.0
-    preemptions: float = 0.0
+    preemptions: float = 0.0  # for KV blocks (reason="kv", or an unlabelled older worker)
+    priority_preemptions: float = 0.0
     prompt_tokens: float = 0.0
     generation_tokens: float = 0.0
     steps: float = 0.0
@@ -65,6 +68,10 @@ class Sample:
                     return sum(v for _, v in m[n])
             return 0.0
 
+        def preempted(priority: bool) -> float:
+            return sum(v for labels, v in m.get("inferq:num_preemptions_total", [])
+                       if (labels.get("reason") == "priority") == priority)
+
         config = {}
         for labels, _ in m.get("inferq:worker_config_info", []):
             config = labels
@@ -75,7 +82,8 @@ class Sample:
             running=one("inferq:num_requests_running"),
             waiting=one("inferq:num_requests_waiting"),
             kv_usage=one("inferq:kv_cache_usage_perc"),
-            preemptions=one("inferq:num_preemptions_total"),
+            preemptions=preempted(priority=False),
+            priority_preemptions=preempted(priority=True),
             prompt_tokens=one("inferq:prompt_tokens_total"),
             generation_tokens=one("inferq:generation_tokens_total"),
             steps=one("inferq:engine_step_seconds_count"),
@@ -132,6 +140,7 @@ def diagnose(before: Sample, after: Sample) -> Report:
         "window_s": round(seconds, 2),
         "running": after.running, "waiting_in_engine": after.waiting, "queue_lag": after.consumer_lag,
         "kv_cache_usage": round(after.kv_usage, 3), "preemptions_in_window": d_preempt,
+        "priority_preemptions_in_window": max(0.0, after.priority_preemptions - before.priority_preemptions),
         "steps_per_s": round(steps / seconds, 2), "tokens_per_step": round(tokens_per_step, 1),
         "prefill_share": round(prefill_share, 3),
         "generation_tokens_per_s": round(d_gen / seconds, 1),

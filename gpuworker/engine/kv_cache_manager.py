@@ -89,6 +89,32 @@ class KVCacheManager:
             ids.extend(b.block_id for b in new)
         return True
 
+    def can_allocate_after_freeing(
+        self,
+        req: Request,
+        num_new_tokens: int,
+        computed_blocks: Optional[list[KVCacheBlock]],
+        others: list[Request],
+    ) -> bool:
+        """Would ``allocate_slots(req, num_new_tokens, computed_blocks)`` succeed
+        once every request in ``others`` had been freed? Changes nothing.
+
+        A block returns to the pool only when every reference to it is dropped,
+        so blocks shared with requests outside ``others`` do not count; prefix-hit
+        blocks that would be free then must be revived, as allocate_slots does."""
+        computed_blocks = computed_blocks or []
+        dropped: dict[int, int] = {}
+        for other in others:
+            for b in self.req_blocks.get(other.request_id, ()):
+                dropped[b.block_id] = dropped.get(b.block_id, 0) + 1
+        blocks = self.pool.blocks
+        freed = sum(1 for bid, n in dropped.items() if blocks[bid].ref_cnt == n)
+        own = len(self.req_blocks.get(req.request_id, ()))
+        total_tokens = req.num_computed_tokens + len(computed_blocks) * self.block_size + num_new_tokens
+        needed = -(-total_tokens // self.block_size) - own - len(computed_blocks)
+        revived = sum(1 for b in computed_blocks if b.ref_cnt == dropped.get(b.block_id, 0))
+        return needed + revived <= self.pool.num_free_blocks + freed
+
     def cache_computed_blocks(self, req: Request) -> None:
         """After a forward: register the request's blocks that are now full of
         computed KV. Done after the step, not at allocation, so a request that

@@ -250,6 +250,7 @@ class LLMEngine:
             num_steps=self.num_steps,
             num_generated_tokens=self.num_generated_tokens,
             num_prompt_tokens=self.num_prompt_tokens,
+            num_priority_preemptions=self.scheduler.num_priority_preemptions,
         )
 
     def check_invariants(self) -> None:

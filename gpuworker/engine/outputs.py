@@ -56,7 +56,10 @@ class EngineStats:
     num_free_blocks: int
     prefix_cache_queries: int  # tokens looked up
     prefix_cache_hits: int  # tokens found
-    num_preemptions: int
+    num_preemptions: int  # every recompute preemption (KV exhaustion + priority)
     num_steps: int
     num_generated_tokens: int
     num_prompt_tokens: int
+    # Of num_preemptions: running requests evicted for a waiting request of better
+    # priority (priority policy); the rest were evicted because blocks ran out.
+    num_priority_preemptions: int = 0

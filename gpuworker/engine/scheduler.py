@@ -6,6 +6,13 @@ while budget, sequence slots and KV blocks last. A prompt longer than the
 remaining budget is cut into chunks (chunked prefill), so decodes never wait
 behind a long prompt. When blocks run out, the least important running request
 is preempted: its blocks are freed and it is recomputed later.
+
+Under the priority policy a waiting request may also preempt running ones: when
+the best waiting request cannot be admitted (``max_num_seqs`` reached or no
+blocks) and running requests of a strictly worse priority would make room, the
+worst of them are preempted (recompute), worst first, until it fits. Requests
+of equal or better priority are never preempted for it, and nothing is
+preempted unless freeing every eligible victim would really make it fit.
 """
 from __future__ import annotations
 
@@ -112,7 +119,8 @@ class Scheduler:
         self.policy = policy
         self.waiting = WaitingQueue(policy)
         self.running: list[Request] = []
-        self.num_preemptions = 0
+        self.num_preemptions = 0  # all recompute preemptions
+        self.num_priority_preemptions = 0  # of those: made by a waiting request of better priority
 
     def add(self, req: Request) -> None:
         self.waiting.add(req)
@@ -144,14 +152,18 @@ class Scheduler:
             budget -= num_new
             i += 1
 
-        # 2. Waiting requests, only if nothing had to be preempted this step.
-        while (
-            not out.preempted
-            and len(self.waiting)
-            and budget > 0
-            and len(self.running) < self.max_num_seqs
-        ):
+        # 2. Waiting requests, only if no running request had to be preempted
+        #    for blocks this step (under the priority policy a waiting request
+        #    may still preempt worse-priority running ones to get in).
+        kv_preempted = bool(out.preempted)
+        while not kv_preempted and len(self.waiting) and budget > 0:
             req = self.waiting.peek()
+            if req.status is RequestStatus.PREEMPTED and req in out.preempted:
+                # Evicted in this very step for a better request: everything still
+                # waiting sorts after it, so nobody else gets in this step either.
+                break
+            if len(self.running) >= self.max_num_seqs and not self._may_preempt_for(req):
+                break
             hit_blocks, num_hit = [], 0
             if req.num_computed_tokens == 0:
                 hit_blocks, num_hit = self.kv.get_computed_blocks(req)
@@ -159,8 +171,10 @@ class Scheduler:
             num_new = min(remaining, budget)
             if not self.enable_chunked_prefill and num_new < remaining:
                 break  # whole prompts only: wait for a step with room
-            if not self.kv.allocate_slots(req, num_new, hit_blocks):
-                break  # out of blocks: admit nobody else this step
+            refund = self._make_room(req, num_new, hit_blocks, scheduled, out)
+            if refund is None:
+                break  # out of seats or blocks: admit nobody else this step
+            budget += refund  # victims scheduled earlier in this step give their tokens back
             self.waiting.pop()
             req.num_computed_tokens = num_hit
             if req.num_cached_tokens < 0:
@@ -176,13 +190,51 @@ class Scheduler:
             s.request.num_computed_tokens += s.num_new_tokens
         return out
 
+    # -- priority preemption of running requests by a waiting one ---------------
+    def _may_preempt_for(self, req: Request) -> bool:
+        """Cheap pre-check: is there any running request ``req`` could evict?"""
+        return self.policy == "priority" and any(r.priority > req.priority for r in self.running)
+
+    def _make_room(self, req: Request, num_new: int, hit_blocks: list, scheduled: dict,
+                   out: SchedulerOutput) -> Optional[int]:
+        """Get ``req`` a seat and blocks for ``num_new`` tokens, preempting running
+        requests of strictly worse priority (priority policy only) when needed.
+
+        Victims go worst first (largest ``sort_key``: worst priority, then latest
+        arrival). Nothing is preempted unless evicting every eligible victim would
+        make ``req`` fit, so a preemption is never wasted. Returns None when
+        ``req`` cannot get in, else the token budget the victims gave back
+        (victims already scheduled earlier in this step), once the slots are
+        allocated."""
+        if len(self.running) < self.max_num_seqs and self.kv.allocate_slots(req, num_new, hit_blocks):
+            return 0
+        if self.policy != "priority":
+            return None
+        victims = sorted((r for r in self.running if r.priority > req.priority),
+                         key=Request.sort_key, reverse=True)
+        if not victims:
+            return None
+        if len(self.running) - len(victims) >= self.max_num_seqs:
+            return None  # even evicting all of them leaves no seat
+        if not self.kv.can_allocate_after_freeing(req, num_new, hit_blocks, victims):
+            return None  # even evicting all of them leaves too few blocks
+        refund = 0
+        for victim in victims:
+            refund += self._preempt(victim, scheduled, out, reason="priority")
+            if len(self.running) < self.max_num_seqs and self.kv.allocate_slots(req, num_new, hit_blocks):
+                return refund
+        raise AssertionError(f"preempted every eligible victim and {req.request_id} still does not fit")
+
     def _pick_victim(self) -> Request:
         if self.policy == "priority":
             return max(self.running, key=Request.sort_key)
         return self.running[-1]  # FCFS: the latest arrival
 
-    def _preempt(self, victim: Request, scheduled: dict, out: SchedulerOutput) -> int:
-        """Free the victim's blocks and requeue it; returns budget given back."""
+    def _preempt(self, victim: Request, scheduled: dict, out: SchedulerOutput, reason: str = "kv") -> int:
+        """Free the victim's blocks and requeue it; returns budget given back.
+
+        ``reason``: "kv" (a running request needed blocks) or "priority" (a
+        waiting request of better priority needed a seat or blocks)."""
         self.running.remove(victim)
         self.kv.free(victim)
         refund = 0
@@ -193,6 +245,8 @@ class Scheduler:
         victim.num_computed_tokens = 0
         victim.num_preemptions += 1
         self.num_preemptions += 1
+        if reason == "priority":
+            self.num_priority_preemptions += 1
         self.waiting.add_front(victim)
         out.preempted.append(victim)
         return refund
