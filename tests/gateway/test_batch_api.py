@@ -295,6 +295,8 @@ def test_a_batch_line_is_the_same_job_as_the_request_alone(stack):
     assert job.priority == 100 and alone.job.priority == 0  # INFERQ_GATEWAY_BATCH_PRIORITY
     assert job.metadata == {"route": "chat.completions", "class": "batch", "batch_id": "batch_x", "custom_id": "c1"}
     assert job.deadline == 2000000000 and job.tenant == "team-a"
-    skip = {"id", "created_at", "priority", "metadata", "deadline"}
+    # Batch lines run in the batch class: behind every interactive job, preemptible.
+    assert job.priority_class == "batch" and alone.job.priority_class == "interactive"
+    skip = {"id", "created_at", "priority", "priority_class", "metadata", "deadline"}
     assert job.model_dump(exclude=skip) == alone.job.model_dump(exclude=skip)
     assert job.sampling.logprobs == 2 and job.sampling.stop == ["\n"]

@@ -53,6 +53,6 @@ def test_disconnect_while_waiting_for_a_non_streamed_result_cancels(gateway_url,
     except httpx.ReadTimeout:
         pass  # the client gives up and closes the connection
     (new_key,) = {k for k in r.scan_iter(match="inferq:job:*")} - before
-    job_id = new_key.decode().split("{")[1].rstrip("}")
+    job_id = keys.name_of(new_key.decode())
     ev = finished_event(stack.url, job_id)
     assert ev.finish_reason == "abort" and ev.usage.completion_tokens < 3000
