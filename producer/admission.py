@@ -9,6 +9,7 @@ from typing import Optional
 
 from schemas import QueuedEvent, encode_event, keys, records
 from schemas.job import Job
+from schemas.redis_errors import REFUSING_WRITES, UNAVAILABLE
 from schemas.text import as_str
 
 import redis.exceptions
@@ -88,9 +89,9 @@ def script_args(job: Job, idempotency_key: Optional[str], s: ProducerSettings, r
     ]
 
 
-# Redis up but not writing (OOM under noeviction, a read-only replica): the job
-# was not enqueued, which the caller hears as a full queue, not as a crash.
-REFUSING_WRITES = (redis.exceptions.OutOfMemoryError, redis.exceptions.ReadOnlyError)
+# Redis up but not writing (OOM under noeviction, a read-only replica; the
+# shared REFUSING_WRITES): the job was not enqueued, which the caller hears as a
+# full queue, not as a crash.
 
 
 def refused(job: Job, e: Exception) -> QueueUnavailable:
@@ -111,7 +112,7 @@ log = logging.getLogger("inferq.admission")
 
 # WAIT itself failing (the master died right after the script ran) says nothing
 # about the job: it is returned as accepted, with no replica confirmed.
-_WAIT_LOST = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
+_WAIT_LOST = UNAVAILABLE
 
 
 def _unreplicated(adm: Admitted, s: ProducerSettings, why: str) -> None:

@@ -20,9 +20,10 @@ from pydantic import ValidationError
 from schemas.text import as_str
 from schemas import Usage, transitions
 from schemas.job import Job, job_payload
+from schemas.redis_errors import REFUSING_WRITES, UNAVAILABLE
 
 from gpuworker.service import replies
-from gpuworker.service.batch import REFUSING_WRITES, Batch, retrying
+from gpuworker.service.batch import Batch, retrying
 from gpuworker.service.context import WorkerContext
 from gpuworker.service.messages import AddJob, Started
 from gpuworker.service.prompts import PromptBuilder, PromptError
@@ -107,15 +108,16 @@ class Intake(threading.Thread):
                 self.log.warning("redis_refusing_writes_retrying", op="xreadgroup", error=str(e))
                 self.stop.wait(0.5)
                 continue
+            # Before ResponseError: CLUSTERDOWN / TRYAGAIN / MOVED are ResponseErrors too.
+            except UNAVAILABLE as e:
+                self.log.warning("redis_unavailable_retrying", op="xreadgroup", error=str(e))
+                self.stop.wait(0.5)
+                continue
             except redis.ResponseError as e:
                 if "NOGROUP" in str(e):  # stream or group deleted under us: recreate
                     self.ensure_group()
                     continue
                 raise
-            except (redis.ConnectionError, redis.TimeoutError) as e:
-                self.log.warning("redis_unavailable_retrying", op="xreadgroup", error=str(e))
-                self.stop.wait(0.5)
-                continue
             if resp:
                 self.admit(resp[0][1])
 
