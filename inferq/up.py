@@ -118,13 +118,14 @@ class Supervisor:
     # -- start ----------------------------------------------------------
     def start_redis(self) -> None:
         given = RedisSettings()
-        if given.sentinel_mode:
-            # A Sentinel deployment is the operator's: use it (the children inherit
-            # INFERQ_REDIS_MODE / SENTINELS / SENTINEL_MASTER), never a local stand-in.
+        if given.sentinel_mode or given.cluster_mode:
+            # A Sentinel deployment or a cluster is the operator's: use it (the
+            # children inherit INFERQ_REDIS_MODE and the rest), never a local stand-in.
             if not _redis_reachable_with(given):
-                raise EmbeddedRedisError(f"INFERQ_REDIS_MODE=sentinel, but no master is reachable ({given.safe_url()})")
+                raise EmbeddedRedisError(f"INFERQ_REDIS_MODE={given.redis_mode}, but Redis is not reachable "
+                                         f"({given.safe_url()})")
             self.redis_url = given.redis_url
-            self.console.print(f"[green]✓[/green] Redis {given.safe_url()} (from INFERQ_REDIS_MODE=sentinel)")
+            self.console.print(f"[green]✓[/green] Redis {given.safe_url()} (from INFERQ_REDIS_MODE={given.redis_mode})")
             return
         url = given.redis_url if "redis_url" in given.model_fields_set else None  # set by INFERQ_REDIS_URL
         if url:

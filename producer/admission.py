@@ -10,6 +10,7 @@ from typing import Optional
 from schemas import QueuedEvent, encode_event, keys, records
 from schemas.job import Job, new_job_id
 from schemas.queues import Lane, lane_of
+from schemas.redis_errors import REFUSING_WRITES, UNAVAILABLE, is_cluster_client
 from schemas.text import as_str
 
 import redis.exceptions
@@ -119,9 +120,9 @@ def script_args(job: Job, idempotency_key: Optional[str], s: ProducerSettings, l
     ]
 
 
-# Redis up but not writing (OOM under noeviction, a read-only replica): the job
-# was not enqueued, which the caller hears as a full queue, not as a crash.
-REFUSING_WRITES = (redis.exceptions.OutOfMemoryError, redis.exceptions.ReadOnlyError)
+# Redis up but not writing (OOM under noeviction, a read-only replica; the
+# shared REFUSING_WRITES): the job was not enqueued, which the caller hears as a
+# full queue, not as a crash.
 
 
 def refused(job: Job, e: Exception) -> QueueUnavailable:
@@ -142,7 +143,7 @@ log = logging.getLogger("inferq.admission")
 
 # WAIT itself failing (the master died right after the script ran) says nothing
 # about the job: it is returned as accepted, with no replica confirmed.
-_WAIT_LOST = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
+_WAIT_LOST = UNAVAILABLE
 
 
 def _unreplicated(adm: Admitted, s: ProducerSettings, why: str) -> None:
@@ -157,7 +158,7 @@ def _run_script(r, script, job: Job, idempotency_key: Optional[str], s: Producer
     kw = dict(keys=script_keys(job, idempotency_key, lane), args=script_args(job, idempotency_key, s, lane, reset))
     if not s.admission_replicas:
         return interpret(script(**kw), job, s)
-    pinned = r.client()  # one connection for the script and its WAIT
+    pinned = _pinned(r, lane.stream)  # one connection for the script and its WAIT
     try:
         adm = interpret(script(client=pinned, **kw), job, s)
         if adm.duplicate:
@@ -175,11 +176,44 @@ def _run_script(r, script, job: Job, idempotency_key: Optional[str], s: Producer
         pinned.close()
 
 
+def _pinned(r, key: str):
+    """A client on one connection: to the node that owns ``key`` on a Cluster."""
+    if is_cluster_client(r):
+        return r.get_redis_connection(r.get_node_from_key(key)).client()
+    return r.client()
+
+
+async def _acluster_run_and_wait(r, job: Job, kw: dict, s: ProducerSettings) -> Admitted:
+    """Async Cluster: the script and its WAIT on one connection of the node that
+    owns the job's slot (the asyncio cluster client has no pinned clients)."""
+    await r.initialize()  # the slot map (a no-op once loaded)
+    node = r.get_node_from_key(kw["keys"][0])
+    conn = node.acquire_connection()
+    try:
+        await conn.send_command("EVAL", ADMISSION_LUA, len(kw["keys"]), *kw["keys"], *kw["args"])
+        adm = interpret(await conn.read_response(), job, s)
+        if adm.duplicate:
+            return adm
+        adm.replicas_wanted = s.admission_replicas
+        try:
+            await conn.send_command("WAIT", s.admission_replicas, s.admission_wait_ms)
+            adm.replicas, why = int(await conn.read_response()), "timeout"
+        except _WAIT_LOST as e:
+            adm.replicas, why = 0, f"WAIT failed: {e}"
+        if not adm.replicated:
+            _unreplicated(adm, s, why)
+        return adm
+    finally:
+        node.release(conn)
+
+
 async def _arun_script(r, script, job: Job, idempotency_key: Optional[str], s: ProducerSettings) -> Admitted:
     lane = lane_for(job, s, await affinity.apreferred_worker(r, job))
     kw = dict(keys=script_keys(job, idempotency_key, lane), args=script_args(job, idempotency_key, s, lane))
     if not s.admission_replicas:
         return interpret(await script(**kw), job, s)
+    if is_cluster_client(r):
+        return await _acluster_run_and_wait(r, job, kw, s)
     pinned = r.client()
     try:
         adm = interpret(await script(client=pinned, **kw), job, s)

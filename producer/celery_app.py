@@ -6,6 +6,11 @@ name, through kombu's ``sentinel://`` transport), unless INFERQ_CELERY_BROKER_UR
 INFERQ_CELERY_RESULT_BACKEND say otherwise. No model ever runs here: tasks
 submit jobs to the GPU workers through the queue and wait for replies.
 
+With INFERQ_REDIS_MODE=cluster, INFERQ_CELERY_BROKER_URL is required: kombu's
+Redis transport cannot use a Redis Cluster, so the broker (and, by default, the
+result backend) is a separate standalone or Sentinel Redis; the tasks still
+reach the queue itself through the cluster.
+
     celery -A producer.celery_app worker --loglevel=info
     celery -A producer.celery_app beat --loglevel=info
 """
@@ -25,7 +30,7 @@ class CelerySettings(ProducerSettings):
     """The Celery app's own knobs (INFERQ_CELERY_*, INFERQ_MAINTENANCE_INTERVAL)
     on top of the producer settings every Celery task uses."""
 
-    celery_broker_url: Optional[str] = Field(None, description="Broker URL (default: the inferq Redis).")
+    celery_broker_url: Optional[str] = Field(None, description="Broker URL (default: the inferq Redis; required in cluster mode).")
     celery_result_backend: Optional[str] = Field(None, description="Result backend (default: the broker).")
     # Longer than any generation we wait for, or Redis redelivers a task that is still running.
     celery_visibility_timeout: int = Field(3600, ge=1)
@@ -64,10 +69,20 @@ def sentinel_options(s: ProducerSettings) -> dict:
     return {"master_name": s.redis_sentinel_master, "sentinel_kwargs": s.sentinel_kwargs()}
 
 
+def broker_url(s: CelerySettings) -> str:
+    """INFERQ_CELERY_BROKER_URL, else the inferq Redis as kombu spells it."""
+    if s.celery_broker_url:
+        return s.celery_broker_url
+    if s.cluster_mode:
+        raise ValueError("INFERQ_REDIS_MODE=cluster: Celery cannot use a Redis Cluster as its broker; set "
+                         "INFERQ_CELERY_BROKER_URL (and optionally INFERQ_CELERY_RESULT_BACKEND) to a standalone "
+                         "or Sentinel Redis")
+    return sentinel_url(s) if s.sentinel_mode else s.url_with_credentials()
+
+
 def make_celery() -> Celery:
     s = CelerySettings()
-    inferq_redis = sentinel_url(s) if s.sentinel_mode else s.url_with_credentials()
-    broker = s.celery_broker_url or inferq_redis
+    broker = broker_url(s)
     backend = s.celery_result_backend or broker
     app = Celery("inferq", broker=broker, backend=backend, include=["producer.celery_tasks"])
     app.conf.update(

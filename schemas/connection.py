@@ -25,6 +25,10 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 # How inferq's connections to the sentinels show in their CLIENT LIST.
 SENTINEL_CLIENT_NAME = "inferq-sentinel"
+# redis-py's async cluster caps connections per node (default 100) and raises
+# past it; without an explicit bound inferq wants what standalone pools give:
+# no practical cap.
+UNBOUNDED_CONNECTIONS = 2**31
 
 
 class RedisSettings(BaseSettings):
@@ -43,19 +47,28 @@ class RedisSettings(BaseSettings):
     socket_connect_timeout: float = Field(5.0, gt=0.0, description="Redis connect timeout (s).")
     reconnect_timeout: float = Field(30.0, ge=0.0, description="How long a reply-stream reader retries while Redis is unreachable (s).")
     # Sentinel: the master is found through the sentinels (see the module docstring).
-    redis_mode: Literal["standalone", "sentinel"] = Field("standalone", description="standalone (the URL's server) or sentinel (the master the sentinels name)")
+    redis_mode: Literal["standalone", "sentinel", "cluster"] = Field(
+        "standalone", description="standalone (the URL's server), sentinel (the master the sentinels name) or "
+                                  "cluster (INFERQ_REDIS_URL lists seed nodes, comma-separated)")
     redis_sentinels: Optional[str] = Field(None, description="sentinel mode: comma-separated host:port list of the sentinels")
     redis_sentinel_master: Optional[str] = Field(None, description="sentinel mode: the master's service name (sentinel monitor NAME)")
     redis_sentinel_username: Optional[str] = Field(None, description="sentinel mode: ACL user on the sentinels (if they require one)")
     redis_sentinel_password: Optional[SecretStr] = Field(None, description="sentinel mode: password of the sentinels (requirepass in sentinel.conf)")
     redis_sentinel_tls: bool = Field(False, description="sentinel mode: TLS to the sentinels too (same TLS files as the master)")
+    # Cluster: the seeds are in INFERQ_REDIS_URL (see the module docstring).
+    # redis-py retries at once, each time after reloading the slot map; a
+    # failover takes longer than that, so keep this small and let the callers'
+    # back-off loops (schemas.redis_errors.TRANSIENT) wait out the rest.
+    redis_cluster_retries: int = Field(3, ge=0, le=100, description="cluster mode: retries inside redis-py after a connection error, CLUSTERDOWN or uncovered slot (each after a slot-map refresh)")
 
     @model_validator(mode="after")
-    def _sentinel_complete(self):
+    def _mode_complete(self):
         if self.redis_mode == "sentinel":
             if not self.redis_sentinel_master:
                 raise ValueError("INFERQ_REDIS_MODE=sentinel needs INFERQ_REDIS_SENTINEL_MASTER (the service name)")
             self.sentinel_addresses()  # raises on an empty or malformed list
+        if self.redis_mode == "cluster":
+            self.cluster_credentials()  # raises on no seed, a malformed seed or seeds that disagree
         return self
 
     def sentinel_addresses(self) -> list[tuple[str, int]]:
@@ -73,13 +86,65 @@ class RedisSettings(BaseSettings):
             raise ValueError("INFERQ_REDIS_MODE=sentinel needs INFERQ_REDIS_SENTINELS (host:port,host:port,...)")
         return out
 
+    def cluster_seeds(self) -> list[str]:
+        """Cluster mode: INFERQ_REDIS_URL's comma-separated seed URLs, checked
+        (redis:// or rediss://, all the same scheme, a host, no db but 0)."""
+        seeds = [u.strip() for u in self.redis_url.split(",") if u.strip()]
+        if not seeds:
+            raise ValueError("INFERQ_REDIS_MODE=cluster needs one or more seed nodes in INFERQ_REDIS_URL "
+                             "(redis://host:port,redis://host:port,...)")
+        for url in seeds:
+            u = urlparse(url)
+            if u.scheme not in ("redis", "rediss") or not u.hostname:
+                raise ValueError(f"INFERQ_REDIS_URL: cluster seed {redact_url(url)!r} is not redis://host:port "
+                                 "or rediss://host:port")
+            _ = u.port  # raises ValueError on a malformed port
+            db = (u.path or "/").strip("/")
+            if db not in ("", "0"):
+                raise ValueError(f"INFERQ_REDIS_URL: cluster seed {redact_url(url)!r} names database {db}; "
+                                 "a Redis Cluster has only database 0")
+        if len({urlparse(url).scheme for url in seeds}) > 1:
+            raise ValueError("INFERQ_REDIS_URL: cluster seeds mix redis:// and rediss:// (TLS is all or nothing)")
+        return seeds
+
+    def cluster_nodes(self) -> list[tuple[str, int]]:
+        """Cluster mode: the seeds as (host, port); 6379 where a seed has no port."""
+        return [(urlparse(url).hostname, urlparse(url).port or 6379) for url in self.cluster_seeds()]
+
+    def cluster_credentials(self) -> dict[str, str]:
+        """Cluster mode: the seeds' username/password (one set for all nodes:
+        the client logs in to nodes it discovers with the same)."""
+        creds = {(unquote(u.username or ""), unquote(u.password or ""))
+                 for u in map(urlparse, self.cluster_seeds()) if u.username or u.password}
+        if len(creds) > 1:
+            raise ValueError("INFERQ_REDIS_URL: cluster seeds carry different credentials; a cluster has one set "
+                             "(write it on every seed, or on none and set INFERQ_REDIS_USERNAME / PASSWORD)")
+        user, pw = creds.pop() if creds else ("", "")
+        return {k: v for k, v in (("username", user), ("password", pw)) if v}
+
+    def cluster_kwargs(self) -> dict[str, Any]:
+        """Cluster mode: what every node connection takes (credentials from the
+        seeds, overridden by INFERQ_REDIS_USERNAME/PASSWORD; TLS; timeouts) and
+        the cluster client's retry policy."""
+        kw: dict[str, Any] = self.cluster_credentials()
+        kw.update(self.client_kwargs())  # INFERQ_REDIS_USERNAME / PASSWORD override the seeds'
+        if self.uses_tls:
+            kw["ssl"] = True
+        kw["retry"] = _cluster_retry(self.redis_cluster_retries)
+        return kw
+
     @property
     def sentinel_mode(self) -> bool:
         return self.redis_mode == "sentinel"
 
     @property
+    def cluster_mode(self) -> bool:
+        return self.redis_mode == "cluster"
+
+    @property
     def uses_tls(self) -> bool:
-        return urlparse(self.redis_url).scheme == "rediss"
+        # In cluster mode the first seed's scheme is every seed's (cluster_seeds checks).
+        return urlparse(self.redis_url.strip()).scheme == "rediss"
 
     def tls_files(self) -> dict[str, str]:
         """The TLS file options, under the names redis-py and Celery both use."""
@@ -106,7 +171,10 @@ class RedisSettings(BaseSettings):
 
     def url_with_credentials(self, url: Optional[str] = None) -> str:
         """The URL with INFERQ_REDIS_USERNAME/PASSWORD put in (for clients such as
-        Celery that read only a URL); a URL that has a password is kept."""
+        Celery that read only a URL); a URL that has a password is kept. In
+        cluster mode (no ``url`` given): each seed so, comma-joined again."""
+        if url is None and self.cluster_mode:
+            return ",".join(self.url_with_credentials(seed) for seed in self.cluster_seeds())
         url = url or self.redis_url
         u = urlparse(url)
         if self.redis_password is None or u.password:
@@ -121,6 +189,9 @@ class RedisSettings(BaseSettings):
         if self.sentinel_mode:
             return (f"sentinel {self.redis_sentinel_master} via {self.redis_sentinels} "
                     f"({redact_url(self.redis_url)} for credentials/db)")
+        if self.cluster_mode:
+            # Every seed redacted; split by hand so a malformed list still prints safely.
+            return "cluster via " + ",".join(redact_url(u.strip()) for u in self.redis_url.split(",") if u.strip())
         return redact_url(self.redis_url)
 
     def master_kwargs(self) -> dict[str, Any]:
@@ -160,8 +231,60 @@ class RedisSettings(BaseSettings):
 
 def redact_url(url: str) -> str:
     """The URL without its password, for logs and messages."""
-    u = urlparse(url)
-    return url.replace(f":{u.password}@", ":***@") if u.password else url
+    try:
+        u = urlparse(url)
+        pw = u.password
+    except ValueError:  # unparseable (e.g. a bracket left open): show nothing that could be a secret
+        return "<unparseable URL>"
+    return url.replace(f":{pw}@", ":***@") if pw else url
+
+
+def _cluster_retry(retries: int):
+    """The cluster client's retry policy. redis-py (8.x) reads only the count
+    from it (its own retries are immediate, after a slot-map refresh); the
+    back-off is kept for the versions that honour it."""
+    from redis.backoff import ExponentialWithJitterBackoff
+    from redis.retry import Retry
+
+    return Retry(ExponentialWithJitterBackoff(base=0.05, cap=1.0), retries)
+
+
+def _cluster_client(cls, node_cls, settings: RedisSettings, **extra):
+    """A RedisCluster (sync or asyncio ``cls``) on the seeds, behaving like the
+    standalone client where inferq relies on it (see ``_unreachable_as_cause``)."""
+    try:
+        r = cls(startup_nodes=[node_cls(host, port) for host, port in settings.cluster_nodes()],
+                # Start, and keep serving the healthy shards, while some slots have
+                # no master: a command for one of those raises SlotNotCoveredError
+                # (retried like a dropped connection) instead of every command
+                # failing on a client-side coverage check.
+                require_full_coverage=False, **settings.cluster_kwargs(), **extra)
+    except Exception as e:  # the sync client reads the slot map in its constructor
+        _unreachable_as_cause(e)
+        raise
+    _translate_unreachable(r.nodes_manager)
+    return r
+
+
+def _unreachable_as_cause(e: Exception) -> None:
+    """When no node answers, redis-py raises RedisClusterException("Redis Cluster
+    cannot be connected") over the real error. Standalone mode raises that real
+    error (ConnectionError, AuthenticationError, TimeoutError), and every retry
+    loop and CLI message in inferq knows those: raise it instead."""
+    from redis.exceptions import RedisClusterException
+
+    import redis
+
+    if isinstance(e, RedisClusterException) and isinstance(e.__cause__, (redis.ConnectionError, redis.TimeoutError)):
+        raise e.__cause__ from None
+
+
+def _translate_unreachable(nodes_manager) -> None:
+    """Apply ``_unreachable_as_cause`` to every later slot-map refresh too: they
+    run inside command and pipeline retries, where a whole-cluster restart
+    surfaces. The manager's class is swapped for a subclass (the asyncio one has
+    __slots__, so its method cannot be replaced on the instance)."""
+    nodes_manager.__class__ = _translating_nodes_manager(type(nodes_manager))
 
 
 def sync_client(settings: RedisSettings):
@@ -173,12 +296,20 @@ def sync_client(settings: RedisSettings):
         sentinel = Sentinel(settings.sentinel_addresses(), sentinel_kwargs=settings.sentinel_kwargs())
         return sentinel.master_for(settings.redis_sentinel_master, redis_class=_sync_master_class(),
                                    **settings.master_kwargs())
+    if settings.cluster_mode:
+        from redis.cluster import ClusterNode, RedisCluster
+
+        return _cluster_client(RedisCluster, ClusterNode, settings)
     return redis.Redis.from_url(settings.redis_url, **settings.client_kwargs())
 
 
 def async_client(settings: RedisSettings, max_connections: Optional[int] = None):
     """With ``max_connections``: a bounded pool where a caller waits (up to the
-    connect timeout) for a free connection instead of opening one more."""
+    connect timeout) for a free connection instead of opening one more.
+
+    Cluster mode: the bound is per node, and redis-py's cluster pool does not
+    wait: a command past it raises MaxConnectionsError (a ConnectionError, so
+    retrying callers treat it as a blip)."""
     import redis.asyncio as aredis
 
     if settings.sentinel_mode:
@@ -190,6 +321,11 @@ def async_client(settings: RedisSettings, max_connections: Optional[int] = None)
             kw.update(connection_pool_class=_bounded_sentinel_pool(), max_connections=max_connections,
                       timeout=settings.socket_connect_timeout)
         return sentinel.master_for(settings.redis_sentinel_master, redis_class=_async_master_class(), **kw)
+    if settings.cluster_mode:
+        from redis.asyncio.cluster import ClusterNode, RedisCluster
+
+        return _cluster_client(RedisCluster, ClusterNode, settings,
+                               max_connections=max_connections or UNBOUNDED_CONNECTIONS)
     if max_connections is None:
         return aredis.Redis.from_url(settings.redis_url, **settings.client_kwargs())
     pool = aredis.BlockingConnectionPool.from_url(settings.redis_url, max_connections=max_connections,
@@ -253,3 +389,35 @@ def _bounded_sentinel_pool():
 
         _classes["bounded"] = BoundedSentinelConnectionPool
     return _classes["bounded"]
+
+
+def _translating_nodes_manager(base: type) -> type:
+    """``base`` (redis-py's sync or asyncio NodesManager) whose ``initialize``
+    raises the real error when no node answers (``_unreachable_as_cause``)."""
+    key = f"nodes:{base.__module__}"
+    if key not in _classes:
+        import inspect
+
+        if inspect.iscoroutinefunction(base.initialize):
+            class TranslatingNodesManager(base):
+                __slots__ = ()
+
+                async def initialize(self, *args, **kwargs):
+                    try:
+                        return await super().initialize(*args, **kwargs)
+                    except Exception as e:
+                        _unreachable_as_cause(e)
+                        raise
+        else:
+            class TranslatingNodesManager(base):
+                __slots__ = ()
+
+                def initialize(self, *args, **kwargs):
+                    try:
+                        return super().initialize(*args, **kwargs)
+                    except Exception as e:
+                        _unreachable_as_cause(e)
+                        raise
+
+        _classes[key] = TranslatingNodesManager
+    return _classes[key]

@@ -13,10 +13,9 @@ import time
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable, Iterator, Optional
 
-import redis
-
 from schemas.events import decode_event
 from schemas.fold import ReplyFilter, is_final
+from schemas.redis_errors import UNAVAILABLE
 from schemas.text import as_str
 
 
@@ -84,7 +83,8 @@ class Follow:
                 yield entry_id, ev
 
 
-_DOWN = (redis.ConnectionError, redis.TimeoutError)
+# Redis down, or a cluster between topologies: resume from the last seen id.
+_DOWN = UNAVAILABLE
 
 
 def follow(r, key: str, plan: Follow, last_id: str = "0-0") -> Iterator[tuple[Optional[str], Any]]:

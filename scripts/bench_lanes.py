@@ -14,14 +14,15 @@ priority   one worker (--max-num-seqs 8). 10 interactive jobs (64 random prompt
            runs 8 of them the 10 interactive jobs (fresh ids: no prefix-cache
            help) go in the same way: median TTFT and queue wait, how many batch
            jobs were still waiting when each started, and the worker's
-           priority preemptions. Contrast: the same probes sent as class
-           "batch" behind a backlog kept at 100 batch jobs (plain FIFO).
+           priority preemptions. Contrast: 3 probes sent as class "batch"
+           behind a backlog kept at 32 batch jobs (plain FIFO; the wait grows
+           linearly with the backlog, ~0.75 s per batch job here).
 fairness   one worker (--max-num-seqs 8). Tenant A floods 500 jobs (4 tokens,
            short prompts), then tenant B submits 10. B's median queue wait
            with fair share off and on, and on an empty queue (baseline).
 affinity   two workers (--max-num-seqs 8 each). 8 sessions, each a ~600-token
            random prefix + a short unique suffix, 6 rounds (one request per
-           session at once, then wait for all). With session_id vs without:
+           session at once, in a shuffled order, then wait for all). With session_id vs without:
            prefix-cache hit rate after each session's first request, and TTFT.
            Each run uses its own prefixes, so neither reuses the other's cache.
            A second scenario puts the caches under pressure: 16 sessions (8 per
@@ -450,7 +451,9 @@ def affinity_run(p: Producer, tok: Tokens, args, sessions_n: int, rounds: int, w
     rows: list[dict] = []
     for rnd in range(rounds):
         hs = []
-        for s in sessions:
+        order = sessions[:]
+        tok.rng.shuffle(order)  # requests of one round arrive in no fixed order
+        for s in order:
             ids = prefixes[s] + tok.ids(args.suffix_tokens)
             kw = {"session_id": s} if with_session else {}
             hs.append((s, p.submit(prompt_token_ids=ids, sampling={**GREEDY, "max_tokens": args.affinity_max_tokens}, **kw)))
@@ -592,7 +595,7 @@ def main(argv=None) -> int:
     g.add_argument("--prompt-tokens", type=int, default=64)
     g.add_argument("--batch-jobs", type=int, default=300)
     g.add_argument("--contrast-probes", type=int, default=3, help="probes sent as batch behind a backlog (0 = skip)")
-    g.add_argument("--contrast-backlog", type=int, default=100)
+    g.add_argument("--contrast-backlog", type=int, default=32)
     g = ap.add_argument_group("fairness")
     g.add_argument("--fair-flood", type=int, default=500)
     g.add_argument("--fair-b-jobs", type=int, default=10)

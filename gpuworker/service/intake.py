@@ -24,9 +24,10 @@ from schemas.text import as_str
 from schemas import Usage, keys, transitions
 from schemas.job import Job, job_payload
 from schemas.queues import Lane
+from schemas.redis_errors import REFUSING_WRITES, UNAVAILABLE
 
 from gpuworker.service import replies
-from gpuworker.service.batch import REFUSING_WRITES, TRANSIENT, Batch, retrying
+from gpuworker.service.batch import Batch, retrying
 from gpuworker.service.context import WorkerContext
 from gpuworker.service.lanes import LaneReader
 from gpuworker.service.messages import AddJob, Started
@@ -118,15 +119,16 @@ class Intake(threading.Thread):
                 self.log.warning("redis_refusing_writes_retrying", op="xreadgroup", error=str(e))
                 self.stop.wait(0.5)
                 continue
+            # Before ResponseError: CLUSTERDOWN / TRYAGAIN / MOVED are ResponseErrors too.
+            except UNAVAILABLE as e:
+                self.log.warning("redis_unavailable_retrying", op="xreadgroup", error=str(e))
+                self.stop.wait(0.5)
+                continue
             except redis.ResponseError as e:
                 if "NOGROUP" in str(e):  # stream or group deleted under us: recreate
                     self.ensure_group()
                     continue
                 raise
-            except TRANSIENT as e:
-                self.log.warning("redis_unavailable_retrying", op="xreadgroup", error=str(e))
-                self.stop.wait(0.5)
-                continue
             for lane, entries in got:
                 self.admit(lane, entries)
 

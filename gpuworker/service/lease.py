@@ -24,9 +24,9 @@ import redis
 
 from schemas import keys, transitions
 from schemas.queues import Lane, lanes_of
+from schemas.redis_errors import REFUSING_WRITES, UNAVAILABLE
 from schemas.text import as_str
 
-from gpuworker.service.batch import REFUSING_WRITES
 from gpuworker.service.context import WorkerContext
 from gpuworker.service.messages import DropJob
 from gpuworker.service.state import InFlight
@@ -55,7 +55,7 @@ class LeaseKeeper(threading.Thread):
         while not self.stop.is_set():
             try:
                 self.tick()
-            except (redis.ConnectionError, redis.TimeoutError) as e:
+            except UNAVAILABLE as e:
                 self.log.warning("redis_unavailable_retrying", op="lease", error=str(e))
             except REFUSING_WRITES as e:
                 self.log.warning("redis_refusing_writes_retrying", op="lease", error=str(e))

@@ -53,10 +53,10 @@ class BatchStore:
                   "completion_window": completion_window, "status": "validating", "created_at": now,
                   "expires_at": int(now + expires_in_s), "metadata": json.dumps(metadata),
                   "tenant": tenant or "", "total": 0, "completed": 0, "failed": 0}
-        pipe = self.redis.pipeline(transaction=True)
-        pipe.hset(keys.batch(batch_id), mapping=fields)
-        pipe.zadd(keys.batches(), {batch_id: now})
-        await pipe.execute()
+        # The record first, then the listing: two slots on a Cluster, so no MULTI;
+        # a batch is listed (and so resumed) only once its record exists.
+        await self.redis.hset(keys.batch(batch_id), mapping=fields)
+        await self.redis.zadd(keys.batches(), {batch_id: now})
         return await self.get(batch_id)
 
     async def get(self, batch_id: str) -> Optional[dict]:
@@ -106,7 +106,8 @@ class BatchStore:
 
     async def delete(self, batch_id: str) -> None:
         pipe = self.redis.pipeline(transaction=False)
-        pipe.delete(keys.batch(batch_id), keys.batch_jobs(batch_id), keys.batch_lease(batch_id))
+        for key in (keys.batch(batch_id), keys.batch_jobs(batch_id), keys.batch_lease(batch_id)):
+            pipe.delete(key)  # one key per command: a Cluster pipeline refuses multi-key DEL
         pipe.zrem(keys.batches(), batch_id)
         await pipe.execute()
 

@@ -10,11 +10,10 @@ from typing import Optional
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from schemas.fold import ReplyGap
+from schemas.redis_errors import UNAVAILABLE
 from producer.errors import JobNotFound
 
 _TYPE_BY_STATUS = {
@@ -101,12 +100,14 @@ def install_error_handlers(app: FastAPI) -> None:
             return error_response(bad_request("the request body could not be decoded: send JSON encoded as UTF-8"))
         return error_response(APIError(exc.status_code, str(exc.detail), headers=getattr(exc, "headers", None)))
 
-    @app.exception_handler(RedisConnectionError)
-    @app.exception_handler(RedisTimeoutError)
     async def _redis_down(request: Request, exc: Exception):
-        # A Redis outage is temporary: tell clients to retry, not that we are broken.
+        # A Redis outage (or a cluster failover) is temporary: tell clients to
+        # retry, not that we are broken.
         return error_response(APIError(503, "the queue (Redis) is unreachable; retry shortly",
                                        code="redis_unavailable", headers={"Retry-After": "2"}))
+
+    for kind in UNAVAILABLE:
+        app.add_exception_handler(kind, _redis_down)
 
     @app.exception_handler(JobNotFound)
     async def _expired(request: Request, exc: JobNotFound):

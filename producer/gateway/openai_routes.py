@@ -6,12 +6,11 @@ from typing import Optional
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import StreamingResponse
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from producer.gateway import openai_format as fmt
 from producer.gateway import sse
 from schemas.fold import Assembly, ReplyGap
+from schemas.redis_errors import UNAVAILABLE
 from producer.gateway.auth import authenticate
 from producer.gateway.config import Principal, allowed_models
 from producer.errors import JobNotFound
@@ -98,7 +97,7 @@ async def _stream(ctx: Context, kind: str, job_id: str, model: str, include_usag
             except GatewayTimeout as e:
                 failure = e
                 break
-            except (RedisConnectionError, RedisTimeoutError):
+            except UNAVAILABLE:
                 failure = APIError(503, "the queue (Redis) became unreachable during the stream",
                                      code="redis_unavailable")
                 break
