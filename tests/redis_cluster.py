@@ -86,13 +86,9 @@ def _wait_port(port: int, proc: subprocess.Popen, timeout: float = 10) -> None:
 
 
 def wait_until(pred, timeout: float, interval: float = 0.1, what: str = "condition"):
-    end = time.time() + timeout
-    while time.time() < end:
-        v = pred()
-        if v:
-            return v
-        time.sleep(interval)
-    raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
+    from tests.service.conftest import wait_for  # the one polling helper of the tests
+
+    return wait_for(pred, timeout, interval, what)
 
 
 class RedisClusterDeployment:
