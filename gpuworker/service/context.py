@@ -25,7 +25,7 @@ class WorkerContext:
     tenant_max_running: int = 0  # most jobs of one tenant in this worker at once; 0 = no cap
     interactive_reserve: int = 0  # interactive jobs taken past capacity while batch jobs run (preempted)
     idle_poll_ms: int = 50  # with several lanes: how often an idle worker looks at the others
-    steal_after_ms: int = 200  # a job on another worker's affinity lane waits this long before others take it
+    steal_after_ms: int = 1000  # a job on another worker's affinity lane waits this long before others take it
     session_ttl: int = 600  # how long a session remembers the worker that served it
 
     @property

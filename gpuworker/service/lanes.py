@@ -32,7 +32,10 @@ from schemas.text import as_str
 
 from gpuworker.service.context import WorkerContext
 
-LANES_REFRESH_S = 1.0
+# How often the lane list is re-read (and so how soon a worker sees a lane new
+# jobs were routed to, e.g. its own affinity lane): also the longest a single-lane
+# read blocks. steal_after_ms must stay well above it.
+LANES_REFRESH_S = 0.25
 
 
 def job_cost(fields: dict) -> float:
@@ -81,7 +84,9 @@ class LaneReader:
 
     def _key(self, lane: Lane) -> tuple:
         n = keys.partitions()
-        fair = self.served[lane.tenant] if lane.tenant else 0.0
+        # The shared lane ("" tenant: jobs without a tenant) takes part in the fair
+        # order too, so callers without a tenant cannot starve the tenants' lanes.
+        fair = self.served[lane.tenant]
         return (lane.class_rank, self._affinity(lane), fair, (lane.partition - self.home) % n, lane.tenant, lane.owner)
 
     def _stealable(self, lane: Lane) -> bool:
@@ -104,8 +109,8 @@ class LaneReader:
         return sorted(self.lanes, key=self._key)
 
     def charge(self, lane: Lane, entries: list) -> None:
-        if not lane.tenant:
-            return
+        if not any(ln.tenant for ln in self.lanes):
+            return  # no fair-share lanes: nothing to account (and no payload to parse)
         start = max(self.served[lane.tenant], self.vtime)
         self.vtime = start
         self.served[lane.tenant] = start + sum(job_cost(f) for _, f in entries) / self.weight(lane.tenant)
@@ -117,7 +122,7 @@ class LaneReader:
         lanes), best lane first; blocks briefly when there is nothing."""
         lanes = self.refresh()
         if len(lanes) == 1 and free > 0:
-            got = self._xread(lanes[0], free, block_ms)
+            got = self._xread(lanes[0], free, min(block_ms, int(LANES_REFRESH_S * 1000)))
             return [(lanes[0], got)] if got else []
         out: list[tuple[Lane, list]] = []
         empty: set[Lane] = set()

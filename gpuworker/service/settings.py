@@ -61,7 +61,7 @@ class WorkerSettings(QueuePolicy):
     tenant_max_running: int = Field(0, ge=0, description="most jobs of one tenant on this worker at once (0 = no cap)")
     interactive_reserve: int = Field(4, ge=0, description="interactive jobs taken past capacity while batch jobs run (the engine preempts those)")
     idle_poll_ms: int = Field(50, ge=5, description="with several lanes or partitions: how often an idle worker looks at all of them")
-    steal_after_ms: int = Field(200, ge=0, description="prefix affinity: a job waiting on another worker's lane this long may be taken by this one")
+    steal_after_ms: int = Field(1000, ge=0, description="prefix affinity: a job waiting on another worker's lane this long may be taken by this one")
     session_ttl: int = Field(600, ge=1, description="prefix affinity: seconds a session remembers the worker that served it")
 
     check_invariants: bool = Field(False, description="verify the KV block pool after aborts and when idle (debugging)")
