@@ -157,7 +157,7 @@ class WorkerProc:
                  *extra: str):
         self.redis_url, self.served, self.worker_id = redis_url, served, worker_id
         self.metrics_port = free_port()
-        self.log_path = log_dir / f"worker-{worker_id}.log"
+        self.log_path = log_dir / f"worker-{served}-{worker_id}.log"
         cmd = [sys.executable, "-m", "gpuworker.service", "--redis-url", redis_url, "--served-model-name", served,
                "--worker-id", worker_id, "--metrics-port", str(self.metrics_port), "--metrics-addr", "127.0.0.1",
                "--dtype", args.dtype, "--log-level", "warning", *extra]
@@ -260,9 +260,11 @@ def probe_one(p: Producer, ids: list[int], max_tokens: int, cls: str, r, served:
     h = p.submit(prompt_token_ids=ids, sampling={**GREEDY, "max_tokens": max_tokens}, priority_class=cls)
     res = h.result(timeout=timeout)
     st = h.status()
+    # when Redis appended it to its lane (the stream entry id's milliseconds, Redis's clock = this machine's)
+    xadd_at = int(str(h.entry_id).split("-")[0]) / 1000 if h.entry_id else st.get("created_at")
     return {"job_id": h.id, "ttft": res.timings.ttft, "queue": res.timings.queue, "total": res.timings.total,
             "completion_tokens": res.usage.completion_tokens, "started_at": st.get("started_at"),
-            "created_at": st.get("created_at"), "batch_waiting_at_submit": batch_waiting_at_submit}
+            "created_at": st.get("created_at"), "xadd_at": xadd_at, "batch_waiting_at_submit": batch_waiting_at_submit}
 
 
 def part_priority(args, rs: RedisServer, log_dir: Path) -> dict:
@@ -294,8 +296,12 @@ def part_priority(args, rs: RedisServer, log_dir: Path) -> dict:
         bstarts = started_times(r, [h.id for h in batch])
         for row in loaded:
             row["batch_waiting_at_start"] = sum(1 for t in bstarts if t > row["started_at"])
-            # batch jobs that started while this interactive job waited (taken ahead of it)
-            row["batch_started_while_waiting"] = sum(1 for t in bstarts if row["created_at"] <= t < row["started_at"])
+            # batch jobs that started while this interactive job waited in Redis (taken ahead of it); a
+            # batch job's started_at is stamped after its claim round trip, so one read just before the
+            # XADD can land a few ms after it: gaps_ms says how long after the XADD each one started
+            ahead = [t for t in bstarts if row["xadd_at"] <= t < row["started_at"]]
+            row["batch_started_while_waiting"] = len(ahead)
+            row["batch_started_while_waiting_gaps_ms"] = [round(1000 * (t - row["xadd_at"]), 1) for t in ahead]
         batch_started = sum(1 for t in bstarts if t != float("inf"))
         say(f"priority: {batch_started} of {len(batch)} batch jobs had started; cancelling the rest")
         drain(p, batch)
@@ -364,7 +370,9 @@ def report_priority(res: dict) -> str:
         rows.append([f"~{wl['contrast_backlog']} batch jobs waiting, probes sent as batch (FIFO)", len(res["fifo"]),
                      fmt(s["fifo_queue_median"]), fmt(s["fifo_ttft_median"]), f"{fmt(s['fifo_over_idle_ttft'], 1)}x", "–"])
     t1 = table(["case", "probes", "median queue s", "median TTFT s", "TTFT vs idle", "priority preemptions"], rows)
-    rows2 = [[i + 1, x["batch_waiting_at_submit"], x["batch_waiting_at_start"], x["batch_started_while_waiting"],
+    rows2 = [[i + 1, x["batch_waiting_at_submit"], x["batch_waiting_at_start"],
+              f"{x['batch_started_while_waiting']}" + (f" ({', '.join(str(g) for g in x['batch_started_while_waiting_gaps_ms'])} ms after its XADD)"
+                                                     if x.get("batch_started_while_waiting_gaps_ms") else ""),
               fmt(x["queue"]), fmt(x["ttft"])] for i, x in enumerate(res["loaded"])]
     t2 = table(["interactive probe", "batch waiting at submit", "batch not yet started at its start",
                 "batch jobs started while it waited", "queue s", "TTFT s"], rows2)
@@ -437,9 +445,10 @@ def report_fairness(res: dict) -> str:
                        ("on", f"after A's {wl['flood']}, fair share on")):
         x = res[key]
         f = ratio(x["b_queue_median"], res["baseline"]["b_queue_median"])
-        rows.append([label, fmt(x["b_queue_median"]), f"{fmt(f, 1)}x", fmt(x["b_ttft_median"]),
+        ft = ratio(x["b_ttft_median"], res["baseline"]["b_ttft_median"])
+        rows.append([label, fmt(x["b_queue_median"]), f"{fmt(f, 1)}x", fmt(x["b_ttft_median"]), f"{fmt(ft, 1)}x",
                      fmt(x["b_done_after_s"], 1), x["a_started_before_b_last_start"] if x["flood"] else "–"])
-    return table(["tenant B's 10 jobs", "median queue s", "vs baseline", "median TTFT s",
+    return table(["tenant B's 10 jobs", "median queue s", "queue vs baseline", "median TTFT s", "TTFT vs baseline",
                   "all B done after s", "A jobs started before B's last"], rows)
 
 
@@ -518,19 +527,19 @@ def affinity_scenario(args, rs: RedisServer, log_dir: Path, name: str, sessions_
         def kv_preemptions() -> int:
             return int(sum(w.metric("inferq:num_preemptions_total", reason="kv") for w in ws))
 
-        say(f"affinity [{name}]: {sessions_n} sessions without session_id")
-        k0 = kv_preemptions()
-        without = affinity_run(p, tok, args, sessions_n, rounds, False, f"{name}-plain")
-        k1 = kv_preemptions()
-        say(f"affinity [{name}]: {sessions_n} sessions with session_id")
-        withs = affinity_run(p, tok, args, sessions_n, rounds, True, f"{name}-sess")
-        k2 = kv_preemptions()
-        without["kv_preemptions"], withs["kv_preemptions"] = k1 - k0, k2 - k1
+        runs = {}
+        for with_session in ((True, False) if args.affinity_order == "with-first" else (False, True)):
+            say(f"affinity [{name}]: {sessions_n} sessions {'with' if with_session else 'without'} session_id")
+            k0 = kv_preemptions()
+            runs[with_session] = affinity_run(p, tok, args, sessions_n, rounds, with_session,
+                                              f"{name}-{'sess' if with_session else 'plain'}")
+            runs[with_session]["kv_preemptions"] = kv_preemptions() - k0
+        without, withs = runs[False], runs[True]
     finally:
         p.close()
         for w in ws:
             w.stop()
-    return {"sessions": sessions_n, "rounds": rounds, "kv_blocks": kv_blocks or "default (2 GiB: ~2900 blocks of 16)",
+    return {"sessions": sessions_n, "rounds": rounds, "order": args.affinity_order, "kv_blocks": kv_blocks or "default (2 GiB: ~2900 blocks of 16)",
             "worker_flags": " ".join(extra), "without": without, "with": withs}
 
 
@@ -577,6 +586,20 @@ def report_affinity(res: dict) -> str:
     return "\n".join(out)
 
 
+def code_revision() -> str:
+    """The commit under test: BENCH_CODE_REV (e.g. for a ``git archive`` export), else git's HEAD (+dirty)."""
+    if os.environ.get("BENCH_CODE_REV"):
+        return os.environ["BENCH_CODE_REV"]
+    try:
+        rev = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                             timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+        return (rev + ("+dirty" if dirty else "")) if rev else "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
 # -- main ------------------------------------------------------------------------------------
 PARTS = {"priority": (part_priority, report_priority), "fairness": (part_fairness, report_fairness),
          "affinity": (part_affinity, report_affinity)}
@@ -586,6 +609,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--part", choices=["priority", "fairness", "affinity", "all"], default="all")
     ap.add_argument("--json", help="write the results (every job's timings too) here")
+    ap.add_argument("--report", metavar="JSON", help="only print the tables of an earlier --json file")
     ap.add_argument("--model", default="", help="HF folder or .gguf (default: the bundled SmolLM2-135M-Instruct)")
     ap.add_argument("--dtype", default="float32", help="worker --dtype (float32 | auto | bfloat16)")
     ap.add_argument("--worker-threads", type=int, default=1, help="OMP_NUM_THREADS of each worker")
@@ -612,7 +636,16 @@ def main(argv=None) -> int:
     g.add_argument("--pressure-kv-blocks", type=int, default=400,
                    help="its --num-kv-blocks: room for the running jobs plus ~2 more prefixes per worker")
     g.add_argument("--pressure-rounds", type=int, default=4)
+    g.add_argument("--affinity-order", choices=["without-first", "with-first"], default="without-first",
+                   help="which run of a scenario goes first (both use fresh prefixes)")
     args = ap.parse_args(argv)
+    if args.report:
+        saved = json.loads(Path(args.report).read_text())
+        print(f"`{saved['command']}` ({saved['started']} - {saved.get('finished', '?')}, dtype {saved['dtype']})\n")
+        for name, res in saved["parts"].items():
+            la = res["loadavg"]
+            print(f"### {name} ({res['wall_s']} s, load average {la[0]} -> {la[1]})\n\n{PARTS[name][1](res)}\n")
+        return 0
 
     parts = list(PARTS) if args.part == "all" else [args.part]
     log_dir = Path(tempfile.mkdtemp(prefix="inferq-bench-lanes-logs-"))
@@ -621,6 +654,7 @@ def main(argv=None) -> int:
     results: dict = {"command": "python scripts/bench_lanes.py " + " ".join(argv if argv is not None else sys.argv[1:]),
                      "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "dtype": args.dtype,
                      "worker_threads": args.worker_threads, "model": args.model or "bundled SmolLM2-135M-Instruct",
+                     "code": code_revision(),
                      "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
                                  "loadavg_start": os.getloadavg()}, "parts": {}}
     reports = []

@@ -109,9 +109,12 @@ class Intake(threading.Thread):
         self.caught_up.set()
         while not self.stop.is_set():
             self._drain_local()
-            free = self.inflight.wait_free(0.2)
+            # The interactive room first: a worker full of batch jobs still takes an
+            # interactive one at once (it blocks on the interactive lanes, not here).
+            free = self.inflight.free()
             extra, running_by_tenant = self._interactive_room(free)
             if free <= 0 and extra <= 0:
+                self.inflight.wait_free(0.2)
                 continue
             try:
                 got = self.reader.read(free, extra, running_by_tenant, self.block_ms)

@@ -150,17 +150,32 @@ class LaneReader:
             if lane.cls == keys.INTERACTIVE and free < len(got):
                 extra_interactive -= len(got) - max(free, 0)
             free -= len(got)
-        if not out:
-            # Nothing anywhere: wait on the best lane a little, then look at all again.
-            best = next((ln for ln in self.ordered() if self._affinity(ln) < 2
-                         and (free > 0 or ln.cls == keys.INTERACTIVE)), None)
-            if best is not None and (free > 0 or extra_interactive > 0):
-                got = self._xread(best, 1, min(block_ms, self.ctx.idle_poll_ms))
-                if got:
-                    self.charge(best, got)
-                    out.append((best, got))
-            else:
-                time.sleep(self.ctx.idle_poll_ms / 1000)
+        if not out and (free > 0 or extra_interactive > 0):
+            out = self._wait(free, extra_interactive, min(block_ms, self.ctx.idle_poll_ms))
+        elif not out:
+            time.sleep(self.ctx.idle_poll_ms / 1000)
+        return out
+
+    def _wait(self, free: int, extra_interactive: int, block_ms: int) -> list[tuple[Lane, list]]:
+        """Nothing anywhere: block a little on the lanes of the home partition this
+        worker may take from (its own, the shared ones; interactive only when full),
+        one job per lane, then the caller looks at all lanes again. One blocking read
+        over several lanes (one slot, so Cluster takes it) lets Redis hand each new
+        job to the next waiting worker, instead of the first sweep taking a burst."""
+        wait = [ln for ln in self.ordered() if self._affinity(ln) < 2 and ln.partition == self.home
+                and (free > 0 or ln.cls == keys.INTERACTIVE)][: max(1, free + extra_interactive)]
+        if not wait:
+            time.sleep(block_ms / 1000)
+            return []
+        resp = self.r.xreadgroup(self.ctx.group, self.ctx.consumer, {ln.stream: ">" for ln in wait}, count=1,
+                                 block=block_ms)
+        by_stream = {ln.stream: ln for ln in wait}
+        out = []
+        for stream, entries in resp or []:
+            lane = by_stream[as_str(stream)]
+            if entries:
+                self.charge(lane, entries)
+                out.append((lane, entries))
         return out
 
     def _xread(self, lane: Lane, count: int, block: Optional[int]) -> list:

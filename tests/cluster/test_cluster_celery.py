@@ -48,10 +48,12 @@ def test_celery_on_its_own_redis_with_jobs_on_the_cluster(redis_cluster, redis_u
         while r.zscore(keys.workers(SERVED), "celery-cluster-w") is None or not any("ready." in x for x in out.lines):
             assert worker.proc.poll() is None and celery.poll() is None and time.monotonic() < end, out.text()
             time.sleep(0.1)
-        from producer import celery_tasks
+        # A client app of its own (the tasks module's app may already hold another broker's pool).
+        from celery import Celery
 
-        celery_tasks.app.conf.update(broker_url=redis_url, result_backend=redis_url)
-        results = [celery_tasks.generate.delay(f"Hello {i}", model=SERVED, sampling=GREEDY) for i in range(6)]
+        client = Celery("cluster-client", broker=redis_url, backend=redis_url)
+        results = [client.send_task("inferq.generate", args=[f"Hello {i}"], kwargs={"model": SERVED, "sampling": GREEDY},
+                                    queue="inferq") for i in range(6)]
         p = Producer(default_model=SERVED)
         for res in results:
             got = res.get(timeout=180)
@@ -64,6 +66,7 @@ def test_celery_on_its_own_redis_with_jobs_on_the_cluster(redis_cluster, redis_u
         assert not list(broker.scan_iter(match="inferq:*"))
         broker.close()
         p.close()
+        client.close()
     finally:
         r.close()
         celery.send_signal(signal.SIGTERM)
