@@ -297,9 +297,9 @@ def sync_client(settings: RedisSettings):
         return sentinel.master_for(settings.redis_sentinel_master, redis_class=_sync_master_class(),
                                    **settings.master_kwargs())
     if settings.cluster_mode:
-        from redis.cluster import ClusterNode, RedisCluster
+        from redis.cluster import ClusterNode
 
-        return _cluster_client(RedisCluster, ClusterNode, settings)
+        return _cluster_client(_key_resolving_cluster("sync"), ClusterNode, settings)
     return redis.Redis.from_url(settings.redis_url, **settings.client_kwargs())
 
 
@@ -322,9 +322,9 @@ def async_client(settings: RedisSettings, max_connections: Optional[int] = None)
                       timeout=settings.socket_connect_timeout)
         return sentinel.master_for(settings.redis_sentinel_master, redis_class=_async_master_class(), **kw)
     if settings.cluster_mode:
-        from redis.asyncio.cluster import ClusterNode, RedisCluster
+        from redis.asyncio.cluster import ClusterNode
 
-        return _cluster_client(RedisCluster, ClusterNode, settings,
+        return _cluster_client(_key_resolving_cluster("async"), ClusterNode, settings,
                                max_connections=max_connections or UNBOUNDED_CONNECTIONS)
     if max_connections is None:
         return aredis.Redis.from_url(settings.redis_url, **settings.client_kwargs())
@@ -389,6 +389,43 @@ def _bounded_sentinel_pool():
 
         _classes["bounded"] = BoundedSentinelConnectionPool
     return _classes["bounded"]
+
+
+def _key_resolving_cluster(flavour: str) -> type:
+    """redis-py's RedisCluster (``flavour`` "sync" or "async") that survives the
+    death of the node it asks for the keys of XREAD/XREADGROUP (COMMAND GETKEYS,
+    sent to one fixed node before the command is routed, outside redis-py's own
+    retries). On a dropped connection there it moves to another master and lets
+    the error through; the caller's retry loop then resolves the keys there."""
+    key = f"cluster:{flavour}"
+    if key not in _classes:
+        import redis
+
+        lost = (redis.ConnectionError, redis.TimeoutError)
+        if flavour == "sync":
+            from redis.cluster import RedisCluster
+
+            class KeyResolvingCluster(RedisCluster):
+                def determine_slot(self, *args):
+                    try:
+                        return super().determine_slot(*args)
+                    except lost:
+                        self.replace_default_node()
+                        raise
+        else:
+            from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+
+            class KeyResolvingCluster(AsyncRedisCluster):
+                async def _determine_slot(self, command, *args):
+                    try:
+                        return await super()._determine_slot(command, *args)
+                    except lost:
+                        self.replace_default_node()
+                        self.commands_parser.node = self.get_default_node()
+                        raise
+
+        _classes[key] = KeyResolvingCluster
+    return _classes[key]
 
 
 def _translating_nodes_manager(base: type) -> type:

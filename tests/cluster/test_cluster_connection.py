@@ -358,3 +358,53 @@ def test_batch_resends_when_a_cluster_pipeline_returns_an_outage_in_place():
     answers[:] = [[1, redis.ConnectionError("node lost")]]
     res = b.send(Client(), give_up=lambda: True)
     assert isinstance(res[1], redis.ConnectionError)
+
+
+def _slot_owned_by(r, node) -> int:
+    return next(slot for slot, nodes in r.nodes_manager.slots_cache.items() if nodes and nodes[0] == node)
+
+
+def test_stream_reads_survive_the_loss_of_the_node_that_resolves_their_keys(disposable_redis_cluster):
+    """redis-py asks one fixed node (the default node) for the keys of XREAD and
+    XREADGROUP before routing them. Kill exactly that node (the same one for the
+    sync and the async client): reads of a stream on another master keep working
+    after a retry."""
+    c = disposable_redis_cluster
+    r = sync_client(cluster_settings(c))
+    default = r.get_default_node()
+    victim_slot = _slot_owned_by(r, default)
+    victim = c.master_of_slot(victim_slot)
+    stream = next(f"inferq:resolve:{{{i}}}" for i in range(10_000)
+                  if c.master_of_slot(key_slot(f"{{{i}}}".encode())) != victim)
+    r.xadd(stream, {"a": "1"})
+    r.xgroup_create(stream, "g", id="0")
+
+    async def scenario():
+        ar = async_client(cluster_settings(c))
+        await ar.initialize()
+        same = next(n for n in ar.get_nodes() if (n.host, n.port) == (default.host, default.port))
+        ar.replace_default_node(same)
+        ar.commands_parser.node = same
+        assert await ar.xread({stream: "0"}, count=1)
+        c.kill_master_of_slot(victim_slot)
+        c.wait_failover(victim_slot)
+        end = time.time() + 60
+        got = retrying(lambda: r.xread({stream: "0"}, count=1), give_up=lambda: time.time() > end)
+        assert got and got[0][1][0][1] == {b"a": b"1"}
+        got = retrying(lambda: r.xreadgroup("g", "c", {stream: ">"}, count=1), give_up=lambda: time.time() > end)
+        assert got and got[0][1][0][1] == {b"a": b"1"}
+        try:
+            for _ in range(20):
+                try:
+                    got = await ar.xread({stream: "0"}, count=1)
+                    break
+                except TRANSIENT:
+                    await asyncio.sleep(0.2)
+            else:
+                raise AssertionError("the async client never read the stream again")
+            assert got and got[0][1][0][1] == {b"a": b"1"}
+        finally:
+            await ar.aclose()
+
+    asyncio.run(scenario())
+    r.close()
