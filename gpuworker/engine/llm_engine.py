@@ -42,6 +42,11 @@ class LLMEngine:
         if config.prepack_weights is not False and self.device.type == "cpu" and hasattr(self.model, "prepack_cpu_weights"):
             if self.model.prepack_cpu_weights():
                 log.info("matmul weights prepacked for oneDNN (CPU %s)", str(dtype).removeprefix("torch."))
+        if self.device.type == "cpu" and hasattr(self.backend, "native_decode"):
+            if config.cpu_kernels is False:
+                self.backend.native_decode = False
+            elif hasattr(self.model, "use_cpu_kernels") and self.model.use_cpu_kernels():
+                log.info("CPU C kernels on: fused add + RMSNorm, paged decode attention")
         self.eos_token_ids = tuple(loaded.config.eos_token_ids)
 
         mc = loaded.config

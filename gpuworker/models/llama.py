@@ -43,6 +43,25 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * xf.to(dtype)
 
 
+def add_rms_norm(residual: torch.Tensor, hidden: torch.Tensor | None, weight: torch.Tensor, eps: float,
+                 kernels=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``residual += hidden`` in place (``hidden`` None: no add), then ``rms_norm`` of it;
+    returns (normed, residual). With ``kernels`` (gpuworker.attention.cpu_kernels, CPU
+    bfloat16, one torch thread) both run in one C pass with the same roundings
+    (only the order of the fp32 sum of squares differs)."""
+    if (kernels is not None and residual.dtype == torch.bfloat16 and residual.dim() == 2
+            and residual.is_contiguous() and (hidden is None or hidden.is_contiguous())
+            and torch.get_num_threads() == 1):
+        out = torch.empty_like(residual)
+        rc = kernels.add_rms_norm_bf16(residual.data_ptr(), None if hidden is None else hidden.data_ptr(),
+                                       weight.data_ptr(), out.data_ptr(), residual.shape[0], residual.shape[1], eps)
+        if rc == 0:
+            return out, residual  # rc != 0 (hidden size > 8192) is returned before any row is touched
+    if hidden is not None:
+        residual = residual.add_(hidden)
+    return rms_norm(residual, weight, eps), residual
+
+
 def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
     dim = cfg.head_dim
     inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
@@ -115,6 +134,8 @@ class DecoderLayer(nn.Module):
         self.down_bias = _param(h, **p) if cfg.mlp_bias else None
         # oneDNN-prepacked copies of the four projection weights (CPU bf16), else None.
         self.packed: dict[str, torch.Tensor] = {}
+        # gpuworker.attention.cpu_kernels (fused add + RMSNorm, CPU bf16), else None.
+        self.cpu_kernels = None
 
     def forward(
         self,
@@ -127,8 +148,10 @@ class DecoderLayer(nn.Module):
         cfg = self.cfg
         eps = cfg.rms_norm_eps
         # In place: the residual stream is private to the forward (fewer allocations).
-        residual = hidden if residual is None else residual.add_(hidden)
-        x = rms_norm(residual, self.input_layernorm, eps)
+        if residual is None:
+            x, residual = add_rms_norm(hidden, None, self.input_layernorm, eps, self.cpu_kernels)
+        else:
+            x, residual = add_rms_norm(residual, hidden, self.input_layernorm, eps, self.cpu_kernels)
 
         qkv = linear(x, self.qkv_proj, self.qkv_bias, self.packed.get("qkv"))
         t = qkv.shape[0]
@@ -144,8 +167,7 @@ class DecoderLayer(nn.Module):
         attn = self.backend.forward(q, k, v, kv_cache, meta, self.scale)
         x = linear(attn.view(t, self.q_size), self.o_proj, self.o_bias, self.packed.get("o"))
 
-        residual = residual.add_(x)
-        x = rms_norm(residual, self.post_attention_layernorm, eps)
+        x, residual = add_rms_norm(residual, x, self.post_attention_layernorm, eps, self.cpu_kernels)
         gate, up = linear(x, self.gate_up_proj, self.gate_up_bias, self.packed.get("gate_up")).chunk(2, dim=-1)
         x = linear(F.silu(gate).mul_(up), self.down_proj, self.down_bias, self.packed.get("down"))
         return x, residual
@@ -187,7 +209,7 @@ class LlamaForCausalLM(nn.Module):
         rotary = self.rotary(positions)
         for layer, cache in zip(self.layers, kv_caches):
             hidden, residual = layer(rotary, hidden, residual, cache, meta)
-        return rms_norm(hidden + residual, self.norm, self.config.rms_norm_eps)
+        return add_rms_norm(residual, hidden, self.norm, self.config.rms_norm_eps, self.layers[0].cpu_kernels)[0]
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -197,6 +219,21 @@ class LlamaForCausalLM(nn.Module):
     def lm_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits in the model dtype (enough for an argmax)."""
         return linear(hidden, self.lm_head, None, self.packed_lm_head)
+
+    def use_cpu_kernels(self) -> bool:
+        """Fused residual-add + RMSNorm in C (gpuworker.attention.cpu_kernels) on CPU
+        bfloat16; float32 keeps the torch ops (bit-identical to HF). Returns False,
+        changing nothing, where the kernels do not build or do not apply."""
+        if self.dtype != torch.bfloat16 or self.embed_tokens.device.type != "cpu":
+            return False
+        from gpuworker.attention import cpu_kernels
+
+        kernels = cpu_kernels.load()
+        if kernels is None:
+            return False
+        for layer in self.layers:
+            layer.cpu_kernels = kernels
+        return True
 
     # ------------------------------------------------------------------ CPU weight prepacking
     @torch.inference_mode()
