@@ -14,11 +14,12 @@ divided by the sum once. Inputs and outputs are float32 or bfloat16 (bf16 read
 as the high half of an fp32, results rounded to nearest-even, as torch does).
 
 It is plain C (no torch headers), compiled once with the system C compiler
-(``-O3 -march=native``; a few seconds at most) into a per-user cache keyed by the
-source, the flags and the CPU's feature flags, and loaded with ctypes. Where
-there is no compiler, the build fails, or ``INFERQ_CPU_KERNELS=0`` is set,
-``load()`` returns None and the backend keeps its torch path. The kernel is
-single-threaded, so the backend uses it only while torch runs one thread.
+(``-O3 -march=native``; about a second) into ``$INFERQ_CACHE_DIR/cpu_kernels``
+(default ``~/.cache/inferq``), keyed by the source, the flags and the CPU's
+feature flags, and loaded with ctypes. Where there is no compiler, the build
+fails, or ``INFERQ_CPU_KERNELS=0`` is set, ``load()`` returns None and the
+callers keep their torch ops. The kernels are single-threaded, so they are used
+only while torch runs one thread.
 
 No ``-ffast-math`` (its start-up code would set flush-to-zero for the whole
 process): only the flags that let gcc vectorise the reductions. ``exp`` is a
@@ -231,11 +232,8 @@ def _cpu_flags() -> str:
 
 
 def _cache_dir() -> Path:
-    root = os.environ.get("INFERQ_KERNEL_CACHE")
-    if root:
-        return Path(root)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "inferq" / "cpu_kernels"
+    # the same root as the GGUF conversions (gguf_loader): $INFERQ_CACHE_DIR or ~/.cache/inferq
+    return Path(os.environ.get("INFERQ_CACHE_DIR") or Path.home() / ".cache" / "inferq") / "cpu_kernels"
 
 
 def _build() -> DecodeKernel | None:
