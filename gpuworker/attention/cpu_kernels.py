@@ -44,6 +44,12 @@ _SOURCE = r"""
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#if defined(__AVX512BF16__) && defined(__AVX512F__)
+#include <immintrin.h>
+#define HAVE_DPBF16 1
+#else
+#define HAVE_DPBF16 0
+#endif
 
 typedef union { uint32_t u; float f; } fbits;
 
@@ -74,6 +80,93 @@ static inline float exp_neg(float x) {
     return v.f;
 }
 
+/* bf16 q.k with AVX512-BF16 (vdpbf16ps: exact bf16 products, fp32 sums), d a multiple of 32:
+   scores[g * len + t] = scale * (q_g . k_t) for the n tokens of one block. */
+#if HAVE_DPBF16
+/* 16 vectors -> one vector of their 16 horizontal sums (lane t = sum of v[t]) */
+static inline __m512 sum16(const __m512 *v) {
+    __m512 c[8], e[4], f[2];
+    for (int i = 0; i < 8; ++i)
+        c[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+    for (int i = 0; i < 4; ++i)
+        e[i] = _mm512_add_ps(
+            _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(c[2 * i]), _mm512_castps_pd(c[2 * i + 1]))),
+            _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(c[2 * i]), _mm512_castps_pd(c[2 * i + 1]))));
+    for (int i = 0; i < 2; ++i)
+        f[i] = _mm512_add_ps(_mm512_shuffle_f32x4(e[2 * i], e[2 * i + 1], 0x88),   /* lanes 0,2 | 0,2 */
+                             _mm512_shuffle_f32x4(e[2 * i], e[2 * i + 1], 0xdd));  /* lanes 1,3 | 1,3 */
+    return _mm512_add_ps(_mm512_shuffle_f32x4(f[0], f[1], 0x88), _mm512_shuffle_f32x4(f[0], f[1], 0xdd));
+}
+
+static inline void dots_bf16(const uint16_t *q, const uint16_t *k, int64_t tok_stride, int64_t n,
+                             int64_t g_n, int64_t d, float scale, float *scores, int64_t len) {
+    __m512 acc[16];
+    const __m512 vscale = _mm512_set1_ps(scale);
+    for (int64_t g = 0; g < g_n; ++g) {
+        const uint16_t *qg = q + g * d;
+        for (int64_t t = 0; t < 16; ++t) {
+            __m512 a = _mm512_setzero_ps();
+            if (t < n) {
+                const uint16_t *kr = k + t * tok_stride;
+                for (int64_t j = 0; j < d; j += 32)
+                    a = _mm512_dpbf16_ps(a, (__m512bh)_mm512_loadu_si512(qg + j), (__m512bh)_mm512_loadu_si512(kr + j));
+            }
+            acc[t] = a;
+        }
+        const __m512 s = _mm512_mul_ps(sum16(acc), vscale);
+        _mm512_mask_storeu_ps(scores + g * len, (__mmask16)((1u << n) - 1u), s);
+    }
+}
+#define FAST_DOTS(T, d) (sizeof(T) == 2 && (d) % 32 == 0 && bs == 16)
+/* bf16 p.v for head size 64: acc[g] (row stride MAX_D) += p[g][t] * v[t] over the n tokens of
+   one block, GC query heads at a time with their accumulators in registers. */
+#define DEFINE_PV64(GC)                                                                         \
+static inline void pv64_##GC(const uint16_t *v, int64_t ts, int64_t n, const float *p,          \
+                             int64_t len, float *acc) {                                         \
+    __m512 a[GC][4];                                                                            \
+    for (int g = 0; g < GC; ++g)                                                                \
+        for (int j = 0; j < 4; ++j) a[g][j] = _mm512_loadu_ps(acc + g * 256 + j * 16);          \
+    for (int64_t t = 0; t < n; ++t) {                                                           \
+        const uint16_t *vr = v + t * ts;                                                        \
+        __m512 x[4];                                                                            \
+        for (int j = 0; j < 4; ++j)                                                             \
+            x[j] = _mm512_castsi512_ps(_mm512_slli_epi32(                                       \
+                _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(vr + 16 * j))), 16)); \
+        for (int g = 0; g < GC; ++g) {                                                          \
+            const __m512 pb = _mm512_set1_ps(p[g * len + t]);                                   \
+            for (int j = 0; j < 4; ++j) a[g][j] = _mm512_fmadd_ps(pb, x[j], a[g][j]);           \
+        }                                                                                       \
+    }                                                                                           \
+    for (int g = 0; g < GC; ++g)                                                                \
+        for (int j = 0; j < 4; ++j) _mm512_storeu_ps(acc + g * 256 + j * 16, a[g][j]);          \
+}
+DEFINE_PV64(1)
+DEFINE_PV64(2)
+DEFINE_PV64(3)
+DEFINE_PV64(4)
+static inline void pv64(const uint16_t *v, int64_t ts, int64_t n, const float *p, int64_t len,
+                        float *acc, int64_t g_n) {
+    for (int64_t g0 = 0; g0 < g_n; g0 += 4) {
+        const int64_t gc = g_n - g0 < 4 ? g_n - g0 : 4;
+        const float *pg = p + g0 * len;
+        float *ag = acc + g0 * 256;
+        if (gc == 4) pv64_4(v, ts, n, pg, len, ag);
+        else if (gc == 3) pv64_3(v, ts, n, pg, len, ag);
+        else if (gc == 2) pv64_2(v, ts, n, pg, len, ag);
+        else pv64_1(v, ts, n, pg, len, ag);
+    }
+}
+#define FAST_PV(T, d) (sizeof(T) == 2 && (d) == 64)
+
+#else
+static inline void dots_bf16(const uint16_t *q, const uint16_t *k, int64_t tok_stride, int64_t n,
+                             int64_t g_n, int64_t d, float scale, float *scores, int64_t len) { }
+#define FAST_DOTS(T, d) 0
+static inline void pv64(const uint16_t *v, int64_t ts, int64_t n, const float *p, int64_t len,
+                        float *acc, int64_t g_n) { }
+#define FAST_PV(T, d) 0
+#endif
+
 #define MAX_D 256
 #define MAX_G 16
 
@@ -102,6 +195,10 @@ static inline __attribute__((always_inline)) int NAME##_impl(                   
             for (int64_t t0 = 0; t0 < len; t0 += bs) {                                        \
                 const int64_t n = len - t0 < bs ? len - t0 : bs;                              \
                 const int64_t base = ((int64_t)table[t0 / bs] * bs) * tok_stride + h * d;     \
+                if (FAST_DOTS(T, d)) {                                                        \
+                    dots_bf16((const uint16_t *)qrow + h * g_n * d, (const uint16_t *)(kc + base), \
+                              tok_stride, n, g_n, d, scale, scratch + t0, len);               \
+                } else {                                                                      \
                 for (int64_t t = 0; t < n; ++t) {                                             \
                     const T *kr = kc + base + t * tok_stride;                                 \
                     for (int64_t i = 0; i < d; ++i) kf[i] = LOAD(kr[i]);                      \
@@ -110,6 +207,7 @@ static inline __attribute__((always_inline)) int NAME##_impl(                   
                         for (int64_t i = 0; i < d; ++i) dot += qf[g][i] * kf[i];              \
                         scratch[g * len + t0 + t] = dot;                                      \
                     }                                                                         \
+                }                                                                             \
                 }                                                                             \
             }                                                                                 \
             /* pass 2: softmax numerators and their sums */                                   \
@@ -127,6 +225,11 @@ static inline __attribute__((always_inline)) int NAME##_impl(                   
             for (int64_t t0 = 0; t0 < len; t0 += bs) {                                        \
                 const int64_t n = len - t0 < bs ? len - t0 : bs;                              \
                 const int64_t base = ((int64_t)table[t0 / bs] * bs) * tok_stride + h * d;     \
+                if (FAST_PV(T, d)) {                                                          \
+                    pv64((const uint16_t *)(vc + base), tok_stride, n, scratch + t0, len,     \
+                         &acc[0][0], g_n);                                                    \
+                    continue;                                                                 \
+                }                                                                             \
                 for (int64_t t = 0; t < n; ++t) {                                             \
                     const T *vr = vc + base + t * tok_stride;                                 \
                     for (int64_t i = 0; i < d; ++i) kf[i] = LOAD(vr[i]);                      \
