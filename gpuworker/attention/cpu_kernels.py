@@ -266,6 +266,45 @@ int NAME(const T *q, int64_t q_tok_stride, T *out, int64_t out_tok_stride,      
 DEFINE_KERNEL(paged_decode_f32, float, ID, ID)
 DEFINE_KERNEL(paged_decode_bf16, uint16_t, bf2f, f2bf)
 
+/* Rotary embedding with torch's roundings (bit-identical to llama._rotate):
+   out = (swap_halves(x) * sin) + (x * cos), each product and the sum rounded to T.
+   q/k: rows of heads of size d (heads contiguous); cos/sin: [rows, d] contiguous. */
+#define DEFINE_ROTARY(NAME, T, LOAD, STORE)                                                    \
+static inline __attribute__((always_inline)) void NAME##_heads(                                 \
+        const T *x, T *o, int64_t nh, const int64_t d, const T *c, const T *s) {                \
+    const int64_t half = d / 2;                                                                 \
+    for (int64_t h = 0; h < nh; ++h) {                                                          \
+        const T *xh = x + h * d;                                                                \
+        T *oh = o + h * d;                                                                      \
+        for (int64_t i = 0; i < half; ++i) { /* two loops: each half vectorises */               \
+            const float a = LOAD(STORE(LOAD(xh[i + half]) * LOAD(s[i])));                       \
+            const float b = LOAD(STORE(LOAD(xh[i]) * LOAD(c[i])));                              \
+            oh[i] = STORE(a + b);                                                               \
+        }                                                                                       \
+        for (int64_t i = half; i < d; ++i) {                                                    \
+            const float a = LOAD(STORE(LOAD(xh[i - half]) * LOAD(s[i])));                       \
+            const float b = LOAD(STORE(LOAD(xh[i]) * LOAD(c[i])));                              \
+            oh[i] = STORE(a + b);                                                               \
+        }                                                                                       \
+    }                                                                                           \
+}                                                                                               \
+int NAME(const T *q, int64_t q_stride, int64_t hq, const T *k, int64_t k_stride, int64_t hk,    \
+         int64_t d, const T *cos, const T *sin, T *qo, T *ko, int64_t rows) {                   \
+    for (int64_t r = 0; r < rows; ++r) {                                                        \
+        const T *c = cos + r * d, *s = sin + r * d;                                             \
+        if (d == 64) {                                                                          \
+            NAME##_heads(q + r * q_stride, qo + r * hq * 64, hq, 64, c, s);                     \
+            NAME##_heads(k + r * k_stride, ko + r * hk * 64, hk, 64, c, s);                     \
+        } else {                                                                                \
+            NAME##_heads(q + r * q_stride, qo + r * hq * d, hq, d, c, s);                       \
+            NAME##_heads(k + r * k_stride, ko + r * hk * d, hk, d, c, s);                       \
+        }                                                                                       \
+    }                                                                                           \
+    return 0;                                                                                   \
+}
+DEFINE_ROTARY(rotary_f32, float, ID, ID)
+DEFINE_ROTARY(rotary_bf16, uint16_t, bf2f, f2bf)
+
 /* bfloat16 residual add + RMSNorm with HF LlamaRMSNorm's roundings:
    residual = bf16(residual + hidden) (stored back; hidden may be NULL),
    y = bf16(r * 1/sqrt(mean(r^2) + eps)) in fp32, out = bf16(weight * y). */
@@ -320,6 +359,14 @@ class DecodeKernel:
                        ctypes.c_int64, ctypes.c_int64, ctypes.c_float]
         fn.restype = ctypes.c_int
         self.add_rms_norm_bf16 = fn
+        self.rotary = {}
+        for name, dt in (("rotary_f32", "float32"), ("rotary_bf16", "bfloat16")):
+            fn = getattr(lib, name)
+            fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,
+                           ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                           ctypes.c_void_p, ctypes.c_int64]
+            fn.restype = ctypes.c_int
+            self.rotary[dt] = fn
 
 
 def _cpu_flags() -> str:

@@ -104,6 +104,26 @@ class RotaryEmbedding(nn.Module):
         return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
 
 
+def rotate_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+              kernels=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``_rotate`` of q and k. With ``kernels`` (gpuworker.attention.cpu_kernels, CPU
+    float32/bfloat16, one torch thread) one C call does both with the same roundings
+    (bit-identical: elementwise, no sums); outputs are new contiguous tensors."""
+    dt = q.dtype
+    if (kernels is not None and dt in (torch.float32, torch.bfloat16) and k.dtype == dt and cos.dtype == dt
+            and sin.dtype == dt and q.stride(2) == 1 and k.stride(2) == 1 and q.stride(1) == q.shape[2]
+            and k.stride(1) == k.shape[2] and cos.is_contiguous() and sin.is_contiguous()
+            and torch.get_num_threads() == 1):
+        rows, hq, d = q.shape
+        qo = torch.empty(q.shape, dtype=dt)
+        ko = torch.empty(k.shape, dtype=dt)
+        kernels.rotary["bfloat16" if dt == torch.bfloat16 else "float32"](
+            q.data_ptr(), q.stride(0), hq, k.data_ptr(), k.stride(0), k.shape[1], d,
+            cos.data_ptr(), sin.data_ptr(), qo.data_ptr(), ko.data_ptr(), rows)
+        return qo, ko
+    return _rotate(q, cos, sin), _rotate(k, cos, sin)
+
+
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     # HF's "rotate_half" convention: the first and second halves of a head are the pair.
     x1, x2 = x.chunk(2, dim=-1)
@@ -136,6 +156,8 @@ class DecoderLayer(nn.Module):
         self.packed: dict[str, torch.Tensor] = {}
         # gpuworker.attention.cpu_kernels (fused add + RMSNorm, CPU bf16), else None.
         self.cpu_kernels = None
+        # the same module for rotary (CPU fp32 and bf16, bit-identical), else None.
+        self.rotary_kernels = None
 
     def forward(
         self,
@@ -163,7 +185,7 @@ class DecoderLayer(nn.Module):
             q = rms_norm(q, self.q_norm, eps)
             k = rms_norm(k, self.k_norm, eps)
         cos, sin = rotary
-        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+        q, k = rotate_qk(q, k, cos, sin, self.rotary_kernels)
         attn = self.backend.forward(q, k, v, kv_cache, meta, self.scale)
         x = linear(attn.view(t, self.q_size), self.o_proj, self.o_bias, self.packed.get("o"))
 
@@ -221,10 +243,11 @@ class LlamaForCausalLM(nn.Module):
         return linear(hidden, self.lm_head, None, self.packed_lm_head)
 
     def use_cpu_kernels(self) -> bool:
-        """Fused residual-add + RMSNorm in C (gpuworker.attention.cpu_kernels) on CPU
-        bfloat16; float32 keeps the torch ops (bit-identical to HF). Returns False,
+        """C kernels (gpuworker.attention.cpu_kernels) on CPU: rotary in float32 and
+        bfloat16 (bit-identical to the torch ops); fused residual-add + RMSNorm in
+        bfloat16 only (float32 keeps the torch norm, bit-identical to HF). Returns False,
         changing nothing, where the kernels do not build or do not apply."""
-        if self.dtype != torch.bfloat16 or self.embed_tokens.device.type != "cpu":
+        if self.dtype not in (torch.float32, torch.bfloat16) or self.embed_tokens.device.type != "cpu":
             return False
         from gpuworker.attention import cpu_kernels
 
@@ -232,7 +255,9 @@ class LlamaForCausalLM(nn.Module):
         if kernels is None:
             return False
         for layer in self.layers:
-            layer.cpu_kernels = kernels
+            layer.rotary_kernels = kernels  # bit-identical: float32 too
+            if self.dtype == torch.bfloat16:
+                layer.cpu_kernels = kernels
         return True
 
     # ------------------------------------------------------------------ CPU weight prepacking
