@@ -63,8 +63,8 @@ class EngineConfig:
     enforce_eager: bool = False  # True: no CUDA graphs for decode steps
     # CPU bfloat16: prepack matmul weights for oneDNN once at load (None/True: where it works).
     prepack_weights: Optional[bool] = None
-    # CPU: small C kernels (paged decode attention without the KV gather; fused residual
-    # add + RMSNorm in bfloat16), compiled once with the system C compiler into
+    # CPU: small C kernels (paged decode attention without the KV gather; rotary; fused
+    # residual add + RMSNorm in bfloat16), compiled once with the system C compiler into
     # ~/.cache/inferq/cpu_kernels (gpuworker/attention/cpu_kernels.py); used while torch
     # runs one thread. None/True: where they build; False (or INFERQ_CPU_KERNELS=0): torch only.
     cpu_kernels: Optional[bool] = None

@@ -1,5 +1,6 @@
 """Small C kernels for the CPU path: decode attention straight over the paged KV
-cache, and (bfloat16) a fused residual add + RMSNorm (see llama.add_rms_norm).
+cache, rotary of q and k (bit-identical to the torch ops; llama.rotate_qk), and
+(bfloat16) a fused residual add + RMSNorm (llama.add_rms_norm).
 
 The torch path gathers every decode sequence's blocks into a padded buffer
 (``index_select``) and then runs SDPA over it: the K/V bytes cross memory three

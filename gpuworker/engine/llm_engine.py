@@ -46,7 +46,7 @@ class LLMEngine:
             if config.cpu_kernels is False:
                 self.backend.native_decode = False
             elif hasattr(self.model, "use_cpu_kernels") and self.model.use_cpu_kernels():
-                log.info("CPU C kernels on: fused add + RMSNorm, paged decode attention")
+                log.info("CPU C kernels on: paged decode attention, rotary%s", ", fused add + RMSNorm" if dtype == torch.bfloat16 else "")
         self.eos_token_ids = tuple(loaded.config.eos_token_ids)
 
         mc = loaded.config
