@@ -63,6 +63,11 @@ class EngineConfig:
     enforce_eager: bool = False  # True: no CUDA graphs for decode steps
     # CPU bfloat16: prepack matmul weights for oneDNN once at load (None/True: where it works).
     prepack_weights: Optional[bool] = None
+    # CPU: small C kernels (paged decode attention without the KV gather; rotary; fused
+    # residual add + RMSNorm in bfloat16), compiled once with the system C compiler into
+    # ~/.cache/inferq/cpu_kernels (gpuworker/attention/cpu_kernels.py); used while torch
+    # runs one thread. None/True: where they build; False (or INFERQ_CPU_KERNELS=0): torch only.
+    cpu_kernels: Optional[bool] = None
 
     # Default KV budget on CPU, where there is no memory profiling to do.
     CPU_KV_CACHE_BYTES = 2 * 1024**3

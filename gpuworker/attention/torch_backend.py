@@ -55,11 +55,23 @@ class _Prefill:
 
 
 @dataclass
+class _NativeDecode:
+    """All decode rows of a step for the C kernel (gpuworker.attention.cpu_kernels):
+    host int64 arrays, read through their data pointers."""
+
+    q_rows: torch.Tensor  # [N] query row of each decode sequence
+    seq_idx: torch.Tensor  # [N] its row in meta.block_tables
+    lens: torch.Tensor  # [N] its length (context + this token)
+    max_len: int
+
+
+@dataclass
 class _Plan:
     write_slots: torch.Tensor
     write_rows: torch.Tensor | None  # rows of k/v that go to write_slots (None = all rows)
     decodes: list[_DecodeGroup] = field(default_factory=list)
     prefills: list[_Prefill] = field(default_factory=list)
+    native: _NativeDecode | None = None
 
 
 def _group_by_length(order: list[int], nbs: dict[int, int], min_saving: int) -> list[list[int]]:
@@ -81,8 +93,15 @@ class TorchAttentionBackend(AttentionBackend):
     name = "torch"
 
     def __init__(self, max_explicit_scores: int = _MAX_EXPLICIT_SCORES,
-                 min_group_saving_blocks: int = _MIN_GROUP_SAVING_BLOCKS) -> None:
+                 min_group_saving_blocks: int = _MIN_GROUP_SAVING_BLOCKS,
+                 native_decode: bool | None = None) -> None:
+        """``native_decode``: decode rows through the C paged-attention kernel (CPU,
+        float32/bfloat16, one torch thread) instead of gather + SDPA. None (default)
+        = use it when it builds (``INFERQ_CPU_KERNELS=0`` turns it off)."""
         self.max_explicit_scores = max_explicit_scores
+        self.native_decode = native_decode
+        self._native_kernel = None
+        self._scratch: torch.Tensor | None = None  # fp32 scores of the C kernel, grow-only
         self.min_group_saving_blocks = min_group_saving_blocks
         # Reused gather buffers (key, value): a fresh multi-MB tensor per layer costs
         # more in page faults than the copy itself.
@@ -113,7 +132,15 @@ class TorchAttentionBackend(AttentionBackend):
                 plan.prefills.append(self._plan_prefill(meta, i, row, q_len, s_len, num_heads, groups, dtype, device))
             row += q_len
 
-        if decode_seqs:
+        if decode_seqs and self._use_native(meta, num_heads, groups, dtype, device):
+            lens = [meta.seq_lens_cpu[i] for i in decode_seqs]
+            plan.native = _NativeDecode(
+                q_rows=torch.tensor([decode_rows[i] for i in decode_seqs], dtype=torch.int64),
+                seq_idx=torch.tensor(decode_seqs, dtype=torch.int64),
+                lens=torch.tensor(lens, dtype=torch.int64),
+                max_len=max(lens),
+            )
+        elif decode_seqs:
             nbs = {i: -(-meta.seq_lens_cpu[i] // bs) for i in decode_seqs}
             order = sorted(decode_seqs, key=lambda i: -nbs[i])
             for members in _group_by_length(order, nbs, self.min_group_saving_blocks):
@@ -139,6 +166,18 @@ class TorchAttentionBackend(AttentionBackend):
                     )
                 )
         return plan
+
+    def _use_native(self, meta: AttentionMetadata, num_heads: int, groups: int, dtype, device) -> bool:
+        if self.native_decode is False or device.type != "cpu" or dtype not in (torch.float32, torch.bfloat16):
+            return False
+        if (torch.get_num_threads() != 1 or groups > 16 or meta.block_tables.dtype != torch.int32
+                or not meta.block_tables.is_contiguous()):
+            return False  # the kernel is single-threaded; SDPA uses the threads
+        if self._native_kernel is None:
+            from gpuworker.attention import cpu_kernels
+
+            self._native_kernel = cpu_kernels.load() or False
+        return bool(self._native_kernel)
 
     def _plan_prefill(self, meta, i, row, q_len, s_len, num_heads, groups, dtype, device) -> _Prefill:
         ctx = s_len - q_len
@@ -191,11 +230,37 @@ class TorchAttentionBackend(AttentionBackend):
         flat_v.index_copy_(0, plan.write_slots, v_new.to(value_cache.dtype))
 
         out = torch.empty_like(q)
+        if plan.native is not None:
+            self._decode_native(q, out, key_cache, value_cache, meta, plan.native, scale)
         for group in plan.decodes:
             out[group.rows] = self._decode(q[group.rows], key_cache, value_cache, group, scale).to(out.dtype)
         for pre in plan.prefills:
             out[pre.start : pre.end] = self._prefill(q, k, v, key_cache, value_cache, pre, scale).to(out.dtype)
         return out
+
+    def _decode_native(self, q, out, key_cache, value_cache, meta: AttentionMetadata,
+                       nd: _NativeDecode, scale: float) -> None:
+        """Every decode row in one C call, straight over the paged cache (no gather)."""
+        num_heads, head_dim = q.shape[1], q.shape[2]
+        num_kv_heads = key_cache.shape[2]
+        dt = key_cache.dtype
+        qn = q if q.dtype == dt and q.stride(2) == 1 and q.stride(1) == head_dim else q.to(dt).contiguous()
+        direct = out.dtype == dt and out.stride(2) == 1 and out.stride(1) == head_dim
+        on = out if direct else torch.empty(q.shape, dtype=dt)
+        need = (num_heads // num_kv_heads) * nd.max_len
+        if self._scratch is None or self._scratch.numel() < need:
+            self._scratch = torch.empty(max(need, 4096), dtype=torch.float32)
+        assert key_cache.is_contiguous() and value_cache.is_contiguous()
+        tables = meta.block_tables
+        fn = self._native_kernel.fns["paged_decode_bf16" if dt == torch.bfloat16 else "paged_decode_f32"]
+        rc = fn(qn.data_ptr(), qn.stride(0), on.data_ptr(), on.stride(0),
+                key_cache.data_ptr(), value_cache.data_ptr(), tables.data_ptr(), tables.stride(0),
+                nd.q_rows.data_ptr(), nd.seq_idx.data_ptr(), nd.lens.data_ptr(), nd.q_rows.numel(),
+                num_heads, num_kv_heads, head_dim, key_cache.shape[1], float(scale), self._scratch.data_ptr())
+        if rc != 0:
+            raise RuntimeError(f"CPU decode kernel rejected heads={num_heads}/{num_kv_heads} head_dim={head_dim}")
+        if not direct:
+            out[nd.q_rows] = on[nd.q_rows].to(out.dtype)
 
     def _gather(self, cache: torch.Tensor, blocks: torch.Tensor, which: int) -> torch.Tensor:
         """cache[blocks] into a reused buffer; valid until the next gather of the same kind."""

@@ -42,6 +42,11 @@ class LLMEngine:
         if config.prepack_weights is not False and self.device.type == "cpu" and hasattr(self.model, "prepack_cpu_weights"):
             if self.model.prepack_cpu_weights():
                 log.info("matmul weights prepacked for oneDNN (CPU %s)", str(dtype).removeprefix("torch."))
+        if self.device.type == "cpu" and hasattr(self.backend, "native_decode"):
+            if config.cpu_kernels is False:
+                self.backend.native_decode = False
+            elif hasattr(self.model, "use_cpu_kernels") and self.model.use_cpu_kernels():
+                log.info("CPU C kernels on: paged decode attention, rotary%s", ", fused add + RMSNorm" if dtype == torch.bfloat16 else "")
         self.eos_token_ids = tuple(loaded.config.eos_token_ids)
 
         mc = loaded.config

@@ -43,6 +43,25 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * xf.to(dtype)
 
 
+def add_rms_norm(residual: torch.Tensor, hidden: torch.Tensor | None, weight: torch.Tensor, eps: float,
+                 kernels=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``residual += hidden`` in place (``hidden`` None: no add), then ``rms_norm`` of it;
+    returns (normed, residual). With ``kernels`` (gpuworker.attention.cpu_kernels, CPU
+    bfloat16, one torch thread) both run in one C pass with the same roundings
+    (only the order of the fp32 sum of squares differs)."""
+    if (kernels is not None and residual.dtype == torch.bfloat16 and residual.dim() == 2
+            and residual.is_contiguous() and (hidden is None or hidden.is_contiguous())
+            and torch.get_num_threads() == 1):
+        out = torch.empty_like(residual)
+        rc = kernels.add_rms_norm_bf16(residual.data_ptr(), None if hidden is None else hidden.data_ptr(),
+                                       weight.data_ptr(), out.data_ptr(), residual.shape[0], residual.shape[1], eps)
+        if rc == 0:
+            return out, residual  # rc != 0 (hidden size > 8192) is returned before any row is touched
+    if hidden is not None:
+        residual = residual.add_(hidden)
+    return rms_norm(residual, weight, eps), residual
+
+
 def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
     dim = cfg.head_dim
     inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
@@ -85,6 +104,26 @@ class RotaryEmbedding(nn.Module):
         return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
 
 
+def rotate_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+              kernels=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``_rotate`` of q and k. With ``kernels`` (gpuworker.attention.cpu_kernels, CPU
+    float32/bfloat16, one torch thread) one C call does both with the same roundings
+    (bit-identical: elementwise, no sums); outputs are new contiguous tensors."""
+    dt = q.dtype
+    if (kernels is not None and dt in (torch.float32, torch.bfloat16) and k.dtype == dt and cos.dtype == dt
+            and sin.dtype == dt and q.stride(2) == 1 and k.stride(2) == 1 and q.stride(1) == q.shape[2]
+            and k.stride(1) == k.shape[2] and cos.is_contiguous() and sin.is_contiguous()
+            and torch.get_num_threads() == 1):
+        rows, hq, d = q.shape
+        qo = torch.empty(q.shape, dtype=dt)
+        ko = torch.empty(k.shape, dtype=dt)
+        kernels.rotary["bfloat16" if dt == torch.bfloat16 else "float32"](
+            q.data_ptr(), q.stride(0), hq, k.data_ptr(), k.stride(0), k.shape[1], d,
+            cos.data_ptr(), sin.data_ptr(), qo.data_ptr(), ko.data_ptr(), rows)
+        return qo, ko
+    return _rotate(q, cos, sin), _rotate(k, cos, sin)
+
+
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     # HF's "rotate_half" convention: the first and second halves of a head are the pair.
     x1, x2 = x.chunk(2, dim=-1)
@@ -115,6 +154,10 @@ class DecoderLayer(nn.Module):
         self.down_bias = _param(h, **p) if cfg.mlp_bias else None
         # oneDNN-prepacked copies of the four projection weights (CPU bf16), else None.
         self.packed: dict[str, torch.Tensor] = {}
+        # gpuworker.attention.cpu_kernels (fused add + RMSNorm, CPU bf16), else None.
+        self.cpu_kernels = None
+        # the same module for rotary (CPU fp32 and bf16, bit-identical), else None.
+        self.rotary_kernels = None
 
     def forward(
         self,
@@ -127,8 +170,10 @@ class DecoderLayer(nn.Module):
         cfg = self.cfg
         eps = cfg.rms_norm_eps
         # In place: the residual stream is private to the forward (fewer allocations).
-        residual = hidden if residual is None else residual.add_(hidden)
-        x = rms_norm(residual, self.input_layernorm, eps)
+        if residual is None:
+            x, residual = add_rms_norm(hidden, None, self.input_layernorm, eps, self.cpu_kernels)
+        else:
+            x, residual = add_rms_norm(residual, hidden, self.input_layernorm, eps, self.cpu_kernels)
 
         qkv = linear(x, self.qkv_proj, self.qkv_bias, self.packed.get("qkv"))
         t = qkv.shape[0]
@@ -140,12 +185,11 @@ class DecoderLayer(nn.Module):
             q = rms_norm(q, self.q_norm, eps)
             k = rms_norm(k, self.k_norm, eps)
         cos, sin = rotary
-        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+        q, k = rotate_qk(q, k, cos, sin, self.rotary_kernels)
         attn = self.backend.forward(q, k, v, kv_cache, meta, self.scale)
         x = linear(attn.view(t, self.q_size), self.o_proj, self.o_bias, self.packed.get("o"))
 
-        residual = residual.add_(x)
-        x = rms_norm(residual, self.post_attention_layernorm, eps)
+        x, residual = add_rms_norm(residual, x, self.post_attention_layernorm, eps, self.cpu_kernels)
         gate, up = linear(x, self.gate_up_proj, self.gate_up_bias, self.packed.get("gate_up")).chunk(2, dim=-1)
         x = linear(F.silu(gate).mul_(up), self.down_proj, self.down_bias, self.packed.get("down"))
         return x, residual
@@ -187,7 +231,7 @@ class LlamaForCausalLM(nn.Module):
         rotary = self.rotary(positions)
         for layer, cache in zip(self.layers, kv_caches):
             hidden, residual = layer(rotary, hidden, residual, cache, meta)
-        return rms_norm(hidden + residual, self.norm, self.config.rms_norm_eps)
+        return add_rms_norm(residual, hidden, self.norm, self.config.rms_norm_eps, self.layers[0].cpu_kernels)[0]
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -197,6 +241,24 @@ class LlamaForCausalLM(nn.Module):
     def lm_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits in the model dtype (enough for an argmax)."""
         return linear(hidden, self.lm_head, None, self.packed_lm_head)
+
+    def use_cpu_kernels(self) -> bool:
+        """C kernels (gpuworker.attention.cpu_kernels) on CPU: rotary in float32 and
+        bfloat16 (bit-identical to the torch ops); fused residual-add + RMSNorm in
+        bfloat16 only (float32 keeps the torch norm, bit-identical to HF). Returns False,
+        changing nothing, where the kernels do not build or do not apply."""
+        if self.dtype not in (torch.float32, torch.bfloat16) or self.embed_tokens.device.type != "cpu":
+            return False
+        from gpuworker.attention import cpu_kernels
+
+        kernels = cpu_kernels.load()
+        if kernels is None:
+            return False
+        for layer in self.layers:
+            layer.rotary_kernels = kernels  # bit-identical: float32 too
+            if self.dtype == torch.bfloat16:
+                layer.cpu_kernels = kernels
+        return True
 
     # ------------------------------------------------------------------ CPU weight prepacking
     @torch.inference_mode()

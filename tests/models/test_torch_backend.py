@@ -33,10 +33,13 @@ def naive_attention(q, keys, values, context, scale):
 
 # The backend has two prefill paths (explicit scores / SDPA) and groups decodes by
 # length; these settings force each variant so every path meets the reference.
+# "default" takes the C decode kernel where it builds (CPU, one torch thread);
+# "torch_decodes" keeps the gather + SDPA decode path.
 VARIANTS = {
     "default": {},
     "sdpa_prefill": {"max_explicit_scores": 0},
-    "grouped_decodes": {"min_group_saving_blocks": 1},
+    "grouped_decodes": {"min_group_saving_blocks": 1, "native_decode": False},
+    "torch_decodes": {"native_decode": False},
 }
 
 
@@ -138,7 +141,7 @@ def test_negative_slots_are_not_written():
 
 
 def test_decodes_are_grouped_by_length():
-    backend = TorchAttentionBackend()
+    backend = TorchAttentionBackend(native_decode=False)
     seqs = [(500, 1), (20, 1), (490, 1), (30, 1), (25, 1)]
     tables = [list(range(i * 40, i * 40 + -(-(c + 1) // 16))) for i, (c, _) in enumerate(seqs)]
     meta, _ = build_metadata(seqs, tables, 16)
@@ -160,3 +163,73 @@ def test_plan_is_reused_across_layers_of_one_step():
     meta2, _ = build_metadata([(0, 4), (0, 1)], [[0], [1]], 16)
     backend.forward(*args[:4], meta2, 0.3)
     assert backend._plan is not plan
+
+
+# ---------------------------------------------------------------- the C decode kernel
+@pytest.fixture
+def one_thread():
+    """The C kernel is taken only while torch runs one thread (it is single-threaded)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _native_or_skip():
+    from gpuworker.attention import cpu_kernels
+
+    if cpu_kernels.load() is None:
+        pytest.skip("no C compiler / kernel build failed: the torch path is used instead")
+
+
+@pytest.mark.parametrize("groups", [1, 3, 4])
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_native_decode_matches_naive_reference(case, groups, one_thread):
+    _native_or_skip()
+    out, ref = run_case(CASES[case], n_kv=2, groups=groups, seed=case * 10 + groups, variant="default")
+    err = (out.double() - ref).abs().max().item()
+    assert err < 1e-5, f"max abs diff {err}"
+
+
+def test_native_decode_is_used_and_skips_the_gather(one_thread):
+    _native_or_skip()
+    backend = TorchAttentionBackend()
+    seqs = [(500, 1), (20, 1), (0, 5), (490, 1)]
+    tables = [list(range(i * 40, i * 40 + -(-(c + q) // 16))) for i, (c, q) in enumerate(seqs)]
+    meta, _ = build_metadata(seqs, tables, 16)
+    plan = backend._make_plan(meta, 4, 2, torch.float32, torch.device("cpu"))
+    assert plan.native is not None and plan.decodes == []
+    assert plan.native.q_rows.tolist() == [0, 1, 7] and plan.native.seq_idx.tolist() == [0, 1, 3]
+    assert plan.native.lens.tolist() == [501, 21, 491] and len(plan.prefills) == 1
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_native_decode_equals_torch_path(dtype, one_thread):
+    """Long contexts, odd head sizes, shuffled blocks: the kernel against gather + SDPA
+    (float32: within rounding of a different summation order; bfloat16: both round
+    fp32 results once, so they differ by at most a bf16 ulp or so)."""
+    _native_or_skip()
+    gen = torch.Generator().manual_seed(7)
+    rng = random.Random(7)
+    n_kv, groups, head_dim, bs = 3, 3, 64, 16
+    lens = [1, 15, 16, 17, 300, 333, 1000, 64]
+    num_blocks = sum(-(-n // bs) for n in lens) + 8
+    free = list(range(num_blocks))
+    rng.shuffle(free)
+    tables = [[free.pop() for _ in range(-(-n // bs))] for n in lens]
+    outs = []
+    for native in (True, False):
+        backend = TorchAttentionBackend(native_decode=native)
+        (kc, vc), = backend.allocate_kv_cache(1, num_blocks, bs, n_kv, head_dim, dtype, torch.device("cpu"))
+        g = torch.Generator().manual_seed(1)
+        kc.copy_(torch.randn(kc.shape, generator=g) * 2)
+        vc.copy_(torch.randn(vc.shape, generator=g))
+        meta, _ = build_metadata([(n - 1, 1) for n in lens], tables, bs)
+        q = torch.randn(len(lens), n_kv * groups, head_dim, generator=gen).to(dtype)
+        k = torch.randn(len(lens), n_kv, head_dim, generator=gen).to(dtype)
+        v = torch.randn(len(lens), n_kv, head_dim, generator=gen).to(dtype)
+        gen = torch.Generator().manual_seed(7)  # same q/k/v for both runs
+        outs.append(backend.forward(q, k, v, (kc, vc), meta, head_dim**-0.5))
+        assert (backend._plan.native is not None) == native
+    err = (outs[0].float() - outs[1].float()).abs().max().item()
+    assert err < (1e-5 if dtype == torch.float32 else 2e-2), f"max abs diff {err}"

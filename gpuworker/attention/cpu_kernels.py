@@ -1,0 +1,424 @@
+"""Small C kernels for the CPU path: decode attention straight over the paged KV
+cache, rotary of q and k (bit-identical to the torch ops; llama.rotate_qk), and
+(bfloat16) a fused residual add + RMSNorm (llama.add_rms_norm).
+
+The torch path gathers every decode sequence's blocks into a padded buffer
+(``index_select``) and then runs SDPA over it: the K/V bytes cross memory three
+times (read by the gather, written, read again by SDPA), and the gather alone was
+~10 % of an offline run. This kernel reads each sequence's K and V once, through
+its block table, the way vLLM's CPU paged-attention kernels do:
+
+for each (sequence, kv head): the G query heads that share the kv head are
+scored against every cached key (scores kept in fp32), softmax in two passes
+(max, then exp/sum), then the G outputs accumulate ``p * v`` in fp32 and are
+divided by the sum once. Inputs and outputs are float32 or bfloat16 (bf16 read
+as the high half of an fp32, results rounded to nearest-even, as torch does).
+
+It is plain C (no torch headers), compiled once with the system C compiler
+(``-O3 -march=native``; about a second) into ``$INFERQ_CACHE_DIR/cpu_kernels``
+(default ``~/.cache/inferq``), keyed by the source, the flags and the CPU's
+feature flags, and loaded with ctypes. Where there is no compiler, the build
+fails, or ``INFERQ_CPU_KERNELS=0`` is set, ``load()`` returns None and the
+callers keep their torch ops. The kernels are single-threaded, so they are used
+only while torch runs one thread.
+
+No ``-ffast-math`` (its start-up code would set flush-to-zero for the whole
+process): only the flags that let gcc vectorise the reductions. ``exp`` is a
+Cody-Waite range reduction plus a degree-7 Taylor polynomial (relative error
+< 1e-7 on the softmax's range), vectorisable where libm's ``expf`` is not.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+_SOURCE = r"""
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#if defined(__AVX512BF16__) && defined(__AVX512F__)
+#include <immintrin.h>
+#define HAVE_DPBF16 1
+#else
+#define HAVE_DPBF16 0
+#endif
+
+typedef union { uint32_t u; float f; } fbits;
+
+static inline float bf2f(uint16_t x) { fbits v; v.u = ((uint32_t)x) << 16; return v.f; }
+static inline uint16_t f2bf(float f) {
+    fbits v; v.f = f;
+    if ((v.u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((v.u >> 16) | 0x40u); /* NaN stays NaN */
+    v.u += 0x7fffu + ((v.u >> 16) & 1u);
+    return (uint16_t)(v.u >> 16);
+}
+
+/* exp(x) for x <= 0 (softmax after subtracting the max). */
+static inline float exp_neg(float x) {
+    x = x < -87.0f ? -87.0f : x;
+    /* rint, not the add-and-subtract-2^23 trick: -fassociative-math would fold that away */
+    float n = __builtin_rintf(x * 1.44269504088896341f);
+    float r = x - n * 0.693359375f;
+    r = r - n * -2.12194440e-4f;
+    float p = 1.0f / 5040.0f;
+    p = p * r + 1.0f / 720.0f;
+    p = p * r + 1.0f / 120.0f;
+    p = p * r + 1.0f / 24.0f;
+    p = p * r + 1.0f / 6.0f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    fbits v; v.f = p; v.u += (uint32_t)((int32_t)n) << 23;
+    return v.f;
+}
+
+/* bf16 q.k with AVX512-BF16 (vdpbf16ps: exact bf16 products, fp32 sums), d a multiple of 32:
+   scores[g * len + t] = scale * (q_g . k_t) for the n tokens of one block. */
+#if HAVE_DPBF16
+/* 16 vectors -> one vector of their 16 horizontal sums (lane t = sum of v[t]) */
+static inline __m512 sum16(const __m512 *v) {
+    __m512 c[8], e[4], f[2];
+    for (int i = 0; i < 8; ++i)
+        c[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+    for (int i = 0; i < 4; ++i)
+        e[i] = _mm512_add_ps(
+            _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(c[2 * i]), _mm512_castps_pd(c[2 * i + 1]))),
+            _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(c[2 * i]), _mm512_castps_pd(c[2 * i + 1]))));
+    for (int i = 0; i < 2; ++i)
+        f[i] = _mm512_add_ps(_mm512_shuffle_f32x4(e[2 * i], e[2 * i + 1], 0x88),   /* lanes 0,2 | 0,2 */
+                             _mm512_shuffle_f32x4(e[2 * i], e[2 * i + 1], 0xdd));  /* lanes 1,3 | 1,3 */
+    return _mm512_add_ps(_mm512_shuffle_f32x4(f[0], f[1], 0x88), _mm512_shuffle_f32x4(f[0], f[1], 0xdd));
+}
+
+static inline void dots_bf16(const uint16_t *q, const uint16_t *k, int64_t tok_stride, int64_t n,
+                             int64_t g_n, int64_t d, float scale, float *scores, int64_t len) {
+    __m512 acc[16];
+    const __m512 vscale = _mm512_set1_ps(scale);
+    for (int64_t g = 0; g < g_n; ++g) {
+        const uint16_t *qg = q + g * d;
+        for (int64_t t = 0; t < 16; ++t) {
+            __m512 a = _mm512_setzero_ps();
+            if (t < n) {
+                const uint16_t *kr = k + t * tok_stride;
+                for (int64_t j = 0; j < d; j += 32)
+                    a = _mm512_dpbf16_ps(a, (__m512bh)_mm512_loadu_si512(qg + j), (__m512bh)_mm512_loadu_si512(kr + j));
+            }
+            acc[t] = a;
+        }
+        const __m512 s = _mm512_mul_ps(sum16(acc), vscale);
+        _mm512_mask_storeu_ps(scores + g * len, (__mmask16)((1u << n) - 1u), s);
+    }
+}
+#define FAST_DOTS(T, d) (sizeof(T) == 2 && (d) % 32 == 0 && bs == 16)
+/* bf16 p.v for head size 64: acc[g] (row stride MAX_D) += p[g][t] * v[t] over the n tokens of
+   one block, GC query heads at a time with their accumulators in registers. */
+#define DEFINE_PV64(GC)                                                                         \
+static inline void pv64_##GC(const uint16_t *v, int64_t ts, int64_t n, const float *p,          \
+                             int64_t len, float *acc) {                                         \
+    __m512 a[GC][4];                                                                            \
+    for (int g = 0; g < GC; ++g)                                                                \
+        for (int j = 0; j < 4; ++j) a[g][j] = _mm512_loadu_ps(acc + g * 256 + j * 16);          \
+    for (int64_t t = 0; t < n; ++t) {                                                           \
+        const uint16_t *vr = v + t * ts;                                                        \
+        __m512 x[4];                                                                            \
+        for (int j = 0; j < 4; ++j)                                                             \
+            x[j] = _mm512_castsi512_ps(_mm512_slli_epi32(                                       \
+                _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(vr + 16 * j))), 16)); \
+        for (int g = 0; g < GC; ++g) {                                                          \
+            const __m512 pb = _mm512_set1_ps(p[g * len + t]);                                   \
+            for (int j = 0; j < 4; ++j) a[g][j] = _mm512_fmadd_ps(pb, x[j], a[g][j]);           \
+        }                                                                                       \
+    }                                                                                           \
+    for (int g = 0; g < GC; ++g)                                                                \
+        for (int j = 0; j < 4; ++j) _mm512_storeu_ps(acc + g * 256 + j * 16, a[g][j]);          \
+}
+DEFINE_PV64(1)
+DEFINE_PV64(2)
+DEFINE_PV64(3)
+DEFINE_PV64(4)
+static inline void pv64(const uint16_t *v, int64_t ts, int64_t n, const float *p, int64_t len,
+                        float *acc, int64_t g_n) {
+    for (int64_t g0 = 0; g0 < g_n; g0 += 4) {
+        const int64_t gc = g_n - g0 < 4 ? g_n - g0 : 4;
+        const float *pg = p + g0 * len;
+        float *ag = acc + g0 * 256;
+        if (gc == 4) pv64_4(v, ts, n, pg, len, ag);
+        else if (gc == 3) pv64_3(v, ts, n, pg, len, ag);
+        else if (gc == 2) pv64_2(v, ts, n, pg, len, ag);
+        else pv64_1(v, ts, n, pg, len, ag);
+    }
+}
+#define FAST_PV(T, d) (sizeof(T) == 2 && (d) == 64)
+
+#else
+static inline void dots_bf16(const uint16_t *q, const uint16_t *k, int64_t tok_stride, int64_t n,
+                             int64_t g_n, int64_t d, float scale, float *scores, int64_t len) { }
+#define FAST_DOTS(T, d) 0
+static inline void pv64(const uint16_t *v, int64_t ts, int64_t n, const float *p, int64_t len,
+                        float *acc, int64_t g_n) { }
+#define FAST_PV(T, d) 0
+#endif
+
+#define MAX_D 256
+#define MAX_G 16
+
+/* One (sequence, kv head): G query heads of dimension D over len cached tokens. */
+#define DEFINE_KERNEL(NAME, T, LOAD, STORE)                                                   \
+static inline __attribute__((always_inline)) int NAME##_impl(                                  \
+         const T *q, int64_t q_tok_stride, T *out, int64_t out_tok_stride,                     \
+         const T *kc, const T *vc, const int32_t *tables, int64_t table_stride,              \
+         const int64_t *q_rows, const int64_t *seq_idx, const int64_t *lens, int64_t nseq,   \
+         int64_t hq, int64_t hkv, const int64_t d, int64_t bs, float scale, float *scratch) { \
+    const int64_t g_n = hq / hkv;                                                             \
+    if (d > MAX_D || g_n > MAX_G || hq % hkv) return -1;                                      \
+    const int64_t tok_stride = hkv * d; /* cache layout [blocks, bs, hkv, d] */               \
+    float qf[MAX_G][MAX_D], acc[MAX_G][MAX_D], kf[MAX_D];                                     \
+    for (int64_t s = 0; s < nseq; ++s) {                                                      \
+        const int64_t len = lens[s];                                                          \
+        const int32_t *table = tables + seq_idx[s] * table_stride;                            \
+        const T *qrow = q + q_rows[s] * q_tok_stride;                                         \
+        T *orow = out + q_rows[s] * out_tok_stride;                                           \
+        for (int64_t h = 0; h < hkv; ++h) {                                                   \
+            for (int64_t g = 0; g < g_n; ++g) {                                               \
+                const T *qh = qrow + (h * g_n + g) * d;                                       \
+                for (int64_t i = 0; i < d; ++i) qf[g][i] = LOAD(qh[i]) * scale;               \
+            }                                                                                 \
+            /* pass 1: scores[g][t] */                                                        \
+            for (int64_t t0 = 0; t0 < len; t0 += bs) {                                        \
+                const int64_t n = len - t0 < bs ? len - t0 : bs;                              \
+                const int64_t base = ((int64_t)table[t0 / bs] * bs) * tok_stride + h * d;     \
+                if (FAST_DOTS(T, d)) {                                                        \
+                    dots_bf16((const uint16_t *)qrow + h * g_n * d, (const uint16_t *)(kc + base), \
+                              tok_stride, n, g_n, d, scale, scratch + t0, len);               \
+                } else {                                                                      \
+                for (int64_t t = 0; t < n; ++t) {                                             \
+                    const T *kr = kc + base + t * tok_stride;                                 \
+                    for (int64_t i = 0; i < d; ++i) kf[i] = LOAD(kr[i]);                      \
+                    for (int64_t g = 0; g < g_n; ++g) {                                       \
+                        float dot = 0.0f;                                                     \
+                        for (int64_t i = 0; i < d; ++i) dot += qf[g][i] * kf[i];              \
+                        scratch[g * len + t0 + t] = dot;                                      \
+                    }                                                                         \
+                }                                                                             \
+                }                                                                             \
+            }                                                                                 \
+            /* pass 2: softmax numerators and their sums */                                   \
+            float inv[MAX_G];                                                                 \
+            for (int64_t g = 0; g < g_n; ++g) {                                               \
+                float *sc = scratch + g * len;                                                \
+                float m = sc[0];                                                              \
+                for (int64_t t = 1; t < len; ++t) m = sc[t] > m ? sc[t] : m;                  \
+                float sum = 0.0f;                                                             \
+                for (int64_t t = 0; t < len; ++t) { float e = exp_neg(sc[t] - m); sc[t] = e; sum += e; } \
+                inv[g] = 1.0f / sum;                                                          \
+                for (int64_t i = 0; i < d; ++i) acc[g][i] = 0.0f;                             \
+            }                                                                                 \
+            /* pass 3: acc[g] += p[g][t] * v[t] */                                            \
+            for (int64_t t0 = 0; t0 < len; t0 += bs) {                                        \
+                const int64_t n = len - t0 < bs ? len - t0 : bs;                              \
+                const int64_t base = ((int64_t)table[t0 / bs] * bs) * tok_stride + h * d;     \
+                if (FAST_PV(T, d)) {                                                          \
+                    pv64((const uint16_t *)(vc + base), tok_stride, n, scratch + t0, len,     \
+                         &acc[0][0], g_n);                                                    \
+                    continue;                                                                 \
+                }                                                                             \
+                for (int64_t t = 0; t < n; ++t) {                                             \
+                    const T *vr = vc + base + t * tok_stride;                                 \
+                    for (int64_t i = 0; i < d; ++i) kf[i] = LOAD(vr[i]);                      \
+                    for (int64_t g = 0; g < g_n; ++g) {                                       \
+                        const float p = scratch[g * len + t0 + t];                            \
+                        for (int64_t i = 0; i < d; ++i) acc[g][i] += p * kf[i];               \
+                    }                                                                         \
+                }                                                                             \
+            }                                                                                 \
+            for (int64_t g = 0; g < g_n; ++g) {                                               \
+                T *oh = orow + (h * g_n + g) * d;                                             \
+                for (int64_t i = 0; i < d; ++i) oh[i] = STORE(acc[g][i] * inv[g]);            \
+            }                                                                                 \
+        }                                                                                     \
+    }                                                                                         \
+    return 0;                                                                                 \
+}                                                                                             \
+/* head sizes 64 and 128 get loops of a known trip count (fully vectorised) */               \
+int NAME(const T *q, int64_t q_tok_stride, T *out, int64_t out_tok_stride,                     \
+         const T *kc, const T *vc, const int32_t *tables, int64_t table_stride,              \
+         const int64_t *q_rows, const int64_t *seq_idx, const int64_t *lens, int64_t nseq,   \
+         int64_t hq, int64_t hkv, int64_t d, int64_t bs, float scale, float *scratch) {      \
+    if (d == 64)                                                                              \
+        return NAME##_impl(q, q_tok_stride, out, out_tok_stride, kc, vc, tables, table_stride, \
+                           q_rows, seq_idx, lens, nseq, hq, hkv, 64, bs, scale, scratch);    \
+    if (d == 128)                                                                             \
+        return NAME##_impl(q, q_tok_stride, out, out_tok_stride, kc, vc, tables, table_stride, \
+                           q_rows, seq_idx, lens, nseq, hq, hkv, 128, bs, scale, scratch);   \
+    return NAME##_impl(q, q_tok_stride, out, out_tok_stride, kc, vc, tables, table_stride,   \
+                       q_rows, seq_idx, lens, nseq, hq, hkv, d, bs, scale, scratch);         \
+}
+
+#define ID(x) (x)
+DEFINE_KERNEL(paged_decode_f32, float, ID, ID)
+DEFINE_KERNEL(paged_decode_bf16, uint16_t, bf2f, f2bf)
+
+/* Rotary embedding with torch's roundings (bit-identical to llama._rotate):
+   out = (swap_halves(x) * sin) + (x * cos), each product and the sum rounded to T.
+   q/k: rows of heads of size d (heads contiguous); cos/sin: [rows, d] contiguous. */
+#define DEFINE_ROTARY(NAME, T, LOAD, STORE)                                                    \
+static inline __attribute__((always_inline)) void NAME##_heads(                                 \
+        const T *x, T *o, int64_t nh, const int64_t d, const T *c, const T *s) {                \
+    const int64_t half = d / 2;                                                                 \
+    for (int64_t h = 0; h < nh; ++h) {                                                          \
+        const T *xh = x + h * d;                                                                \
+        T *oh = o + h * d;                                                                      \
+        for (int64_t i = 0; i < half; ++i) { /* two loops: each half vectorises */               \
+            const float a = LOAD(STORE(LOAD(xh[i + half]) * LOAD(s[i])));                       \
+            const float b = LOAD(STORE(LOAD(xh[i]) * LOAD(c[i])));                              \
+            oh[i] = STORE(a + b);                                                               \
+        }                                                                                       \
+        for (int64_t i = half; i < d; ++i) {                                                    \
+            const float a = LOAD(STORE(LOAD(xh[i - half]) * LOAD(s[i])));                       \
+            const float b = LOAD(STORE(LOAD(xh[i]) * LOAD(c[i])));                              \
+            oh[i] = STORE(a + b);                                                               \
+        }                                                                                       \
+    }                                                                                           \
+}                                                                                               \
+int NAME(const T *q, int64_t q_stride, int64_t hq, const T *k, int64_t k_stride, int64_t hk,    \
+         int64_t d, const T *cos, const T *sin, T *qo, T *ko, int64_t rows) {                   \
+    for (int64_t r = 0; r < rows; ++r) {                                                        \
+        const T *c = cos + r * d, *s = sin + r * d;                                             \
+        if (d == 64) {                                                                          \
+            NAME##_heads(q + r * q_stride, qo + r * hq * 64, hq, 64, c, s);                     \
+            NAME##_heads(k + r * k_stride, ko + r * hk * 64, hk, 64, c, s);                     \
+        } else {                                                                                \
+            NAME##_heads(q + r * q_stride, qo + r * hq * d, hq, d, c, s);                       \
+            NAME##_heads(k + r * k_stride, ko + r * hk * d, hk, d, c, s);                       \
+        }                                                                                       \
+    }                                                                                           \
+    return 0;                                                                                   \
+}
+DEFINE_ROTARY(rotary_f32, float, ID, ID)
+DEFINE_ROTARY(rotary_bf16, uint16_t, bf2f, f2bf)
+
+/* bfloat16 residual add + RMSNorm with HF LlamaRMSNorm's roundings:
+   residual = bf16(residual + hidden) (stored back; hidden may be NULL),
+   y = bf16(r * 1/sqrt(mean(r^2) + eps)) in fp32, out = bf16(weight * y). */
+static inline __attribute__((always_inline)) void add_rms_norm_row(
+        uint16_t *res, const uint16_t *hid, const uint16_t *w, uint16_t *out, const int64_t h, float eps,
+        float *rf) {
+    float ss = 0.0f;
+    if (hid) {
+        for (int64_t i = 0; i < h; ++i) { uint16_t r = f2bf(bf2f(res[i]) + bf2f(hid[i])); res[i] = r; rf[i] = bf2f(r); }
+    } else {
+        for (int64_t i = 0; i < h; ++i) rf[i] = bf2f(res[i]);
+    }
+    for (int64_t i = 0; i < h; ++i) ss += rf[i] * rf[i];
+    const float inv = 1.0f / __builtin_sqrtf(ss / (float)h + eps);
+    for (int64_t i = 0; i < h; ++i) out[i] = f2bf(bf2f(w[i]) * bf2f(f2bf(rf[i] * inv)));
+}
+
+int add_rms_norm_bf16(uint16_t *res, const uint16_t *hid, const uint16_t *w, uint16_t *out,
+                      int64_t rows, int64_t h, float eps) {
+    float rf[8192];
+    if (h > 8192) return -1;
+    for (int64_t r = 0; r < rows; ++r) {
+        if (h == 576) add_rms_norm_row(res + r * h, hid ? hid + r * h : 0, w, out + r * h, 576, eps, rf);
+        else add_rms_norm_row(res + r * h, hid ? hid + r * h : 0, w, out + r * h, h, eps, rf);
+    }
+    return 0;
+}
+"""
+
+_FLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-fPIC", "-shared", "-std=c11", "-fno-math-errno", "-fno-trapping-math",
+          "-fno-signed-zeros", "-fassociative-math"]
+
+_lock = threading.Lock()
+_loaded: "DecodeKernel | None | bool" = False  # False = not tried yet
+
+
+class DecodeKernel:
+    def __init__(self, lib: ctypes.CDLL, path: Path) -> None:
+        self.path = path
+        argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,
+                    ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
+                    ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
+                    ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_float, ctypes.c_void_p]
+        self.fns = {}
+        for name in ("paged_decode_f32", "paged_decode_bf16"):
+            fn = getattr(lib, name)
+            fn.argtypes = argtypes
+            fn.restype = ctypes.c_int
+            self.fns[name] = fn
+        fn = lib.add_rms_norm_bf16
+        fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                       ctypes.c_int64, ctypes.c_int64, ctypes.c_float]
+        fn.restype = ctypes.c_int
+        self.add_rms_norm_bf16 = fn
+        self.rotary = {}
+        for name, dt in (("rotary_f32", "float32"), ("rotary_bf16", "bfloat16")):
+            fn = getattr(lib, name)
+            fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,
+                           ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                           ctypes.c_void_p, ctypes.c_int64]
+            fn.restype = ctypes.c_int
+            self.rotary[dt] = fn
+
+
+def _cpu_flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return line
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine()
+
+
+def _cache_dir() -> Path:
+    # the same root as the GGUF conversions (gguf_loader): $INFERQ_CACHE_DIR or ~/.cache/inferq
+    return Path(os.environ.get("INFERQ_CACHE_DIR") or Path.home() / ".cache" / "inferq") / "cpu_kernels"
+
+
+def _build() -> DecodeKernel | None:
+    if os.environ.get("INFERQ_CPU_KERNELS", "1").lower() in ("0", "false", "no", "off"):
+        return None
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    if not cc:
+        log.info("no C compiler: CPU decode attention stays on the torch path")
+        return None
+    key = hashlib.sha256("\0".join([_SOURCE, cc, *_FLAGS, _cpu_flags()]).encode()).hexdigest()[:16]
+    folder = _cache_dir()
+    path = folder / f"paged_decode_{key}.so"
+    try:
+        if not path.exists():
+            folder.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryDirectory(dir=folder) as tmp:
+                src = Path(tmp) / "paged_decode.c"
+                src.write_text(_SOURCE)
+                so = Path(tmp) / "paged_decode.so"
+                subprocess.run([cc, *_FLAGS, str(src), "-o", str(so), "-lm"], check=True, capture_output=True,
+                               timeout=120)
+                os.replace(so, path)  # atomic: a concurrent builder sees all or nothing
+        return DecodeKernel(ctypes.CDLL(str(path)), path)
+    except Exception as e:  # no usable compiler, read-only cache, a failed load: stay on torch
+        detail = getattr(e, "stderr", b"") or b""
+        log.warning("CPU decode attention kernel unavailable (%s %s); using the torch path",
+                    e, detail.decode(errors="replace")[:500])
+        return None
+
+
+def load() -> DecodeKernel | None:
+    """The compiled kernel (built on first use), or None where it cannot be had."""
+    global _loaded
+    with _lock:
+        if _loaded is False:
+            _loaded = _build()
+        return _loaded  # type: ignore[return-value]

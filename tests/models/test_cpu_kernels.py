@@ -1,0 +1,58 @@
+"""The C kernels of the CPU path (gpuworker/attention/cpu_kernels.py) against the torch
+ops they replace in the model: rotary (bit-identical, float32 and bfloat16) and the
+bfloat16 fused residual add + RMSNorm (the same roundings; only the order of the fp32
+sum of squares differs). The decode-attention kernel is tested in test_torch_backend."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gpuworker.models.llama import _rotate, add_rms_norm, rms_norm, rotate_qk
+
+
+@pytest.fixture
+def kernels():
+    from gpuworker.attention import cpu_kernels
+
+    k = cpu_kernels.load()
+    if k is None:
+        pytest.skip("no C compiler / kernel build failed: the torch ops are used instead")
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)  # the kernels are taken only with one torch thread
+    yield k
+    torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("head_dim", [64, 32])
+def test_rotary_kernel_is_bit_identical(kernels, dtype, head_dim):
+    g = torch.Generator().manual_seed(0)
+    t, hq, hk = 37, 9, 3
+    qkv = (torch.randn(t, (hq + 2 * hk) * head_dim, generator=g) * 3).to(dtype)
+    q, k, _ = qkv.split((hq * head_dim, hk * head_dim, hk * head_dim), dim=-1)
+    q, k = q.view(t, hq, head_dim), k.view(t, hk, head_dim)  # strided views, as in the model
+    ang = torch.rand(t, 1, head_dim // 2, generator=g) * 100
+    cos = torch.cat((ang.cos(), ang.cos()), -1).to(dtype)
+    sin = torch.cat((-ang.sin(), ang.sin()), -1).to(dtype)
+    qo, ko = rotate_qk(q, k, cos, sin, kernels)
+    assert torch.equal(qo, _rotate(q, cos, sin)) and torch.equal(ko, _rotate(k, cos, sin))
+    assert qo.is_contiguous() and ko.is_contiguous()
+
+
+@pytest.mark.parametrize("rows", [1, 32, 300])
+def test_add_rms_norm_kernel_matches_torch(kernels, rows):
+    g = torch.Generator().manual_seed(rows)
+    h = 576
+    res = (torch.randn(rows, h, generator=g) * 3).to(torch.bfloat16)
+    hid = torch.randn(rows, h, generator=g).to(torch.bfloat16)
+    w = (torch.randn(h, generator=g) * 0.3 + 1).to(torch.bfloat16)
+    out_k, res_k = add_rms_norm(res.clone(), hid, w, 1e-5, kernels)
+    ref_res = res.clone().add_(hid)
+    ref = rms_norm(ref_res, w, 1e-5)
+    assert torch.equal(res_k, ref_res)  # the residual add is elementwise: exact
+    same = (out_k == ref).float().mean().item()
+    assert same >= 0.999, f"only {same:.5f} of the outputs equal"
+    assert (out_k.float() - ref.float()).abs().max().item() <= 0.07  # at most ~one bf16 ulp of |y| < 8
+    out_n, res_n = add_rms_norm(res.clone(), None, w, 1e-5, kernels)  # first layer: no add
+    assert torch.equal(res_n, res)
+    assert (out_n == rms_norm(res, w, 1e-5)).float().mean().item() >= 0.999
