@@ -49,3 +49,25 @@ def test_an_idle_worker_takes_a_session_job_when_its_worker_is_busy(module_redis
     assert h.status()["worker"] == "steal-idle"
     assert long.status()["status"] == "running"  # taken while its preferred worker was still busy
     p.close()
+
+
+def test_a_session_is_derived_from_a_long_shared_prefix():
+    """INFERQ_AFFINITY_PREFIX_CHARS: prompts that share their first N characters
+    (a system prompt, a document) get one session; short prompts get none; an
+    explicit session_id is kept."""
+    from producer.affinity import with_session
+    from producer.settings import ProducerSettings
+    from schemas.job import Job
+
+    s = ProducerSettings(affinity_prefix_chars=64)
+    doc = "You are a careful assistant. Here is the contract to review: " + "clause " * 20
+    a = with_session(Job(model="m", prompt=doc + "What is the term?"), s)
+    b = with_session(Job(model="m", prompt=doc + "Who are the parties?"), s)
+    c = with_session(Job(model="m", prompt="Something else entirely. " * 10), s)
+    assert a.session_id and a.session_id == b.session_id != c.session_id
+    chat = with_session(Job(model="m", messages=[{"role": "system", "content": doc},
+                                                  {"role": "user", "content": "hi"}]), s)
+    assert chat.session_id and chat.session_id != c.session_id
+    assert with_session(Job(model="m", prompt="short"), s).session_id is None
+    assert with_session(Job(model="m", prompt=doc, session_id="mine"), s).session_id == "mine"
+    assert with_session(Job(model="m", prompt=doc), ProducerSettings()).session_id is None  # off by default
