@@ -387,10 +387,15 @@ def _cache_dir() -> Path:
     return Path(os.environ.get("INFERQ_CACHE_DIR") or Path.home() / ".cache" / "inferq") / "cpu_kernels"
 
 
+def compiler() -> str | None:
+    """The C compiler the kernels are built with: $CC, else cc, gcc or clang on PATH."""
+    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+
+
 def _build() -> DecodeKernel | None:
     if os.environ.get("INFERQ_CPU_KERNELS", "1").lower() in ("0", "false", "no", "off"):
         return None
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    cc = compiler()
     if not cc:
         log.info("no C compiler: CPU decode attention stays on the torch path")
         return None

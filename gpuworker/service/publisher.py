@@ -16,7 +16,7 @@ from typing import Callable, Optional
 
 import redis
 
-from schemas import Usage, keys, transitions
+from schemas import Usage, transitions
 from schemas.job import JOB_FIELD
 
 from gpuworker.service import replies
@@ -204,7 +204,7 @@ class Publisher(threading.Thread):
         b = rnd.b
         # The per-step cancel check rides on the same round trip.
         watch = [st for st in self.inflight.snapshot() if st.is_active and not st.cancel_requested]
-        idx = [b.exists(keys.cancel(st.id)) for st in watch]
+        idx = [b.exists(st.cancel_key) for st in watch]
 
         t0 = time.perf_counter()
         res = b.send(self.r, give_up=self.give_up, log=self.log)

@@ -35,7 +35,7 @@ def add_delta(b: Batch, ctx: WorkerContext, st: JobState, text: str, token_ids: 
         body["prompt_token_ids"] = list(st.prompt_ids)
         body["prompt_logprobs"] = [None if d is None else {str(k): v for k, v in d.items()} for d in prompt_logprobs]
     data = json.dumps(body, ensure_ascii=False, separators=(",", ":"))
-    b.xadd(keys.reply(st.id), {"type": "delta", "data": data}, maxlen=reply_cap(ctx, st), approximate=True)
+    b.xadd(st.reply_key, {"type": "delta", "data": data}, maxlen=reply_cap(ctx, st), approximate=True)
 
 
 def start(b: Batch, ctx: WorkerContext, st: JobState) -> int:

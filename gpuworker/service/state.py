@@ -16,12 +16,14 @@ cancel (seen by the intake or the publisher) so the job's status says
 from __future__ import annotations
 
 import enum
+import functools
 import math
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Optional, Union
 
+from schemas import keys
 from schemas.job import Job
 from schemas.queues import Lane
 
@@ -61,6 +63,15 @@ class JobState:
     @property
     def id(self) -> str:
         return self.job.id
+
+    # Written or read every engine step (deltas, the cancel check): named once.
+    @functools.cached_property
+    def reply_key(self) -> str:
+        return keys.reply(self.id)
+
+    @functools.cached_property
+    def cancel_key(self) -> str:
+        return keys.cancel(self.id)
 
     @property
     def created(self) -> float:

@@ -24,27 +24,36 @@ def celery_env(stack, **extra):
     return env_without("INFERQ_REDIS_URL", INFERQ_REDIS_URL=stack.url, PYTHONPATH=str(ROOT), **extra)
 
 
-@pytest.fixture(scope="module")
-def celery_worker(stack, tmp_path_factory):
-    """A real `celery worker` process on the real Redis broker (threads pool:
-    tasks only wait on Redis, no model runs in Celery)."""
-    env = celery_env(stack, INFERQ_LEASE_SECONDS="0.2", INFERQ_MAX_DELIVERIES="3")
+def launch_celery(env: dict, cwd, name: str, concurrency: int = 4) -> tuple[subprocess.Popen, LineReader]:
+    """A real `celery worker` process (threads pool: tasks only wait on Redis, no
+    model runs in Celery) on queue inferq, and a reader of its output."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "producer.celery_app", "worker", "-P", "threads", "-c", "4",
-         "-Q", "inferq", "-n", "test@%h", "--without-mingle", "--without-gossip", "-l", "info"],
-        cwd=tmp_path_factory.mktemp("celery"), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    out = LineReader(proc.stdout)
-    end = time.monotonic() + 60
-    while not any("ready." in line for line in out.lines):
-        assert proc.poll() is None and time.monotonic() < end, out.text()
-        time.sleep(0.1)
-    yield out
+        [sys.executable, "-m", "celery", "-A", "producer.celery_app", "worker", "-P", "threads", "-c",
+         str(concurrency), "-Q", "inferq", "-n", f"{name}@%h", "--without-mingle", "--without-gossip", "-l", "info"],
+        cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return proc, LineReader(proc.stdout)
+
+
+def stop_celery(proc: subprocess.Popen) -> None:
     proc.send_signal(signal.SIGTERM)
     try:
         proc.wait(20)
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+
+
+@pytest.fixture(scope="module")
+def celery_worker(stack, tmp_path_factory):
+    """A real `celery worker` process on the real Redis broker."""
+    env = celery_env(stack, INFERQ_LEASE_SECONDS="0.2", INFERQ_MAX_DELIVERIES="3")
+    proc, out = launch_celery(env, tmp_path_factory.mktemp("celery"), "test")
+    end = time.monotonic() + 60
+    while not any("ready." in line for line in out.lines):
+        assert proc.poll() is None and time.monotonic() < end, out.text()
+        time.sleep(0.1)
+    yield out
+    stop_celery(proc)
 
 
 @pytest.fixture(scope="module")

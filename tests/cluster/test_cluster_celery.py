@@ -4,10 +4,6 @@ so Celery's broker and result backend are a standalone Redis of their own
 worker` process runs the generate task against a real inferq worker."""
 from __future__ import annotations
 
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -15,8 +11,9 @@ import pytest
 from producer import Producer
 from schemas import keys
 from schemas.connection import RedisSettings, sync_client
-from tests.cli.procs import LineReader, env_without
-from tests.service.conftest import tiny_model  # noqa: F401
+from tests.celery.conftest import launch_celery, stop_celery
+from tests.cli.procs import env_without
+from tests.service.conftest import tiny_model, wait_for  # noqa: F401
 from tests.workers import WorkerProc
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -36,18 +33,16 @@ def test_celery_on_its_own_redis_with_jobs_on_the_cluster(redis_cluster, redis_u
         broker_url(CelerySettings(celery_broker_url=None))
 
     worker = WorkerProc(redis_cluster.url, tiny_model, SERVED, tmp_path, "celery-cluster-w")
-    celery = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "producer.celery_app", "worker", "-P", "threads", "-c", "2",
-         "-Q", "inferq", "-n", "cluster@%h", "--without-mingle", "--without-gossip", "-l", "info"],
-        cwd=tmp_path, env=env_without("INFERQ_REDIS_URL", PYTHONPATH=str(ROOT), **env),
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    out = LineReader(celery.stdout)
+    celery, out = launch_celery(env_without("INFERQ_REDIS_URL", PYTHONPATH=str(ROOT), **env), tmp_path, "cluster",
+                                concurrency=2)
     r = sync_client(RedisSettings())
     try:
-        end = time.monotonic() + 180
-        while r.zscore(keys.workers(SERVED), "celery-cluster-w") is None or not any("ready." in x for x in out.lines):
-            assert worker.proc.poll() is None and celery.poll() is None and time.monotonic() < end, out.text()
-            time.sleep(0.1)
+        def both_ready() -> bool:
+            assert worker.proc.poll() is None and celery.poll() is None, out.text()
+            return r.zscore(keys.workers(SERVED), "celery-cluster-w") is not None and \
+                any("ready." in x for x in out.lines)
+
+        wait_for(both_ready, 180, what="the inferq worker and the celery worker ready")
         # A client app of its own (the tasks module's app may already hold another broker's pool).
         from celery import Celery
 
@@ -69,10 +64,6 @@ def test_celery_on_its_own_redis_with_jobs_on_the_cluster(redis_cluster, redis_u
         client.close()
     finally:
         r.close()
-        celery.send_signal(signal.SIGTERM)
-        try:
-            celery.wait(20)
-        except subprocess.TimeoutExpired:
-            celery.kill()
+        stop_celery(celery)
         worker.kill()
         worker.terminate()

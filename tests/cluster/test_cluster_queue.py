@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 
 import pytest
 import redis
@@ -17,7 +16,7 @@ from producer import AsyncProducer, Producer
 from schemas import SamplingParams, decode_event, keys
 from schemas.connection import RedisSettings, sync_client
 from tests.gateway.stack import running_gateway
-from tests.service.conftest import offline_llm, start_worker, tiny_model  # noqa: F401
+from tests.service.conftest import offline_llm, start_worker, tiny_model, wait_for  # noqa: F401
 from tests.workers import WorkerProc
 
 GREEDY = {"temperature": 0.0, "ignore_eos": True, "max_tokens": 8}
@@ -39,12 +38,14 @@ def start_cluster_worker(tmp_path, procs, cluster, worker_id, *extra) -> WorkerP
     w = WorkerProc(cluster.url, tiny_model_path[0], SERVED, tmp_path, worker_id, *extra)
     procs.append(w)
     r = cluster_client()
-    end = time.time() + 180
+
+    def registered() -> bool:
+        if w.proc.poll() is not None:
+            raise RuntimeError(f"worker {worker_id} exited:\n{w.log()[-3000:]}")
+        return r.zscore(keys.workers(SERVED), worker_id) is not None
+
     try:
-        while r.zscore(keys.workers(SERVED), worker_id) is None:
-            if w.proc.poll() is not None or time.time() > end:
-                raise RuntimeError(f"worker {worker_id} did not start:\n{w.log()[-3000:]}")
-            time.sleep(0.1)
+        wait_for(registered, 180, what=f"worker {worker_id} registered")
     finally:
         r.close()
     return w
@@ -112,12 +113,13 @@ def test_jobs_from_every_producer_survive_a_master_failover(cluster_env, workers
         # Mid-run: some jobs done, others still queued or running. Kill the master
         # of partition 0's slot; its replica takes over.
         r = cluster_client()
-        end = time.time() + 180
-        while sum(1 for j in ids.values() if r.hget(keys.job_info(j), "status") == b"done") < 20:
-            assert time.time() < end, "no progress before the kill"
-            time.sleep(0.05)
+
+        def done() -> int:
+            return sum(1 for j in ids.values() if r.hget(keys.job_info(j), "status") == b"done")
+
+        wait_for(lambda: done() >= 20, 180, what="20 jobs done before the kill")
         # The pace (0.02 s a step) leaves the other ~180 jobs seconds of work: mid-run.
-        assert sum(1 for j in ids.values() if r.hget(keys.job_info(j), "status") == b"done") < 160
+        assert done() < 160
         slot = key_slot(keys.jobs(SERVED, 0).encode())
         cluster.kill_master_of_slot(slot)
         cluster.wait_failover(slot)

@@ -7,6 +7,7 @@ import redis
 
 from schemas import decode_event, keys
 from tests.gateway.stack import TINY
+from tests.service.conftest import wait_for
 
 
 def finished_event(redis_url, job_id, timeout=60):
@@ -57,13 +58,12 @@ def test_disconnect_while_waiting_for_a_non_streamed_result_cancels(gateway_url,
     sock = socket.create_connection((u.hostname, u.port), timeout=30)
     sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                  b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
-    end = time.monotonic() + 60
-    job_id = None
-    while job_id is None or not any(f.get(b"type") == b"delta" for _, f in r.xrange(keys.reply(job_id))):
-        assert time.monotonic() < end, "the job never started generating"
+    def generating_job():
         new = set(r.scan_iter(match="inferq:job:*")) - before
-        job_id = keys.name_of(next(iter(new)).decode()) if new else None
-        time.sleep(0.02)
+        job = keys.name_of(next(iter(new)).decode()) if new else None
+        return job if job and any(f.get(b"type") == b"delta" for _, f in r.xrange(keys.reply(job))) else None
+
+    job_id = wait_for(generating_job, 60, interval=0.02, what="the job generating")
     sock.close()  # the client is gone mid-generation
     ev = finished_event(stack.url, job_id)
     assert ev.finish_reason == "abort" and ev.usage.completion_tokens < 3000

@@ -179,7 +179,9 @@ def _native_or_skip():
     from gpuworker.attention import cpu_kernels
 
     if cpu_kernels.load() is None:
-        pytest.skip("no C compiler / kernel build failed: the torch path is used instead")
+        # With a compiler a failed build is a bug; without one the torch path is the product.
+        assert cpu_kernels.compiler() is None, "a C compiler is on PATH but the CPU kernels did not build"
+        pytest.skip("no C compiler on this machine: inferq runs the torch path instead, which the other tests cover")
 
 
 @pytest.mark.parametrize("groups", [1, 3, 4])
