@@ -1,5 +1,4 @@
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -7,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from inferq.processes import terminate
 from tests.cli.procs import LineReader, env_without
 from tests.gateway.stack import shared_stack, stop_shared_stack
 
@@ -35,12 +35,7 @@ def launch_celery(env: dict, cwd, name: str, concurrency: int = 4) -> tuple[subp
 
 
 def stop_celery(proc: subprocess.Popen) -> None:
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+    terminate(proc, 20)  # SIGTERM: Celery finishes its tasks; SIGKILL past 20 s
 
 
 @pytest.fixture(scope="module")
