@@ -267,6 +267,7 @@ int NAME(const T *q, int64_t q_tok_stride, T *out, int64_t out_tok_stride,      
 DEFINE_KERNEL(paged_decode_f32, float, ID, ID)
 DEFINE_KERNEL(paged_decode_bf16, uint16_t, bf2f, f2bf)
 
+
 /* Rotary embedding with torch's roundings (bit-identical to llama._rotate):
    out = (swap_halves(x) * sin) + (x * cos), each product and the sum rounded to T.
    q/k: rows of heads of size d (heads contiguous); cos/sin: [rows, d] contiguous. */
@@ -382,6 +383,12 @@ def _cpu_flags() -> str:
     return platform.processor() or platform.machine()
 
 
+def cpu_has(*features: str) -> bool:
+    """Whether /proc/cpuinfo lists every one of these flags (e.g. ``amx_bf16``)."""
+    flags = set(_cpu_flags().split())
+    return all(f in flags for f in features)
+
+
 def _cache_dir() -> Path:
     # the same root as the GGUF conversions (gguf_loader): $INFERQ_CACHE_DIR or ~/.cache/inferq
     return Path(os.environ.get("INFERQ_CACHE_DIR") or Path.home() / ".cache" / "inferq") / "cpu_kernels"
@@ -392,32 +399,45 @@ def compiler() -> str | None:
     return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
 
 
-def _build() -> DecodeKernel | None:
-    if os.environ.get("INFERQ_CPU_KERNELS", "1").lower() in ("0", "false", "no", "off"):
-        return None
+def enabled() -> bool:
+    """False where ``INFERQ_CPU_KERNELS=0`` (or false/no/off) turns every C kernel off."""
+    return os.environ.get("INFERQ_CPU_KERNELS", "1").lower() not in ("0", "false", "no", "off")
+
+
+def build_shared(stem: str, source: str, flags: list[str]) -> ctypes.CDLL | None:
+    """Compile ``source`` once into ``$INFERQ_CACHE_DIR/cpu_kernels/<stem>_<key>.so``
+    (key: source, compiler, flags, CPU flags) and load it; None, logged, where there is
+    no compiler or the build or load fails. Shared by every C kernel module."""
     cc = compiler()
     if not cc:
-        log.info("no C compiler: CPU decode attention stays on the torch path")
+        log.info("no C compiler: %s stays on the torch path", stem)
         return None
-    key = hashlib.sha256("\0".join([_SOURCE, cc, *_FLAGS, _cpu_flags()]).encode()).hexdigest()[:16]
+    key = hashlib.sha256("\0".join([source, cc, *flags, _cpu_flags()]).encode()).hexdigest()[:16]
     folder = _cache_dir()
-    path = folder / f"paged_decode_{key}.so"
+    path = folder / f"{stem}_{key}.so"
     try:
         if not path.exists():
             folder.mkdir(parents=True, exist_ok=True)
             with tempfile.TemporaryDirectory(dir=folder) as tmp:
-                src = Path(tmp) / "paged_decode.c"
-                src.write_text(_SOURCE)
-                so = Path(tmp) / "paged_decode.so"
-                subprocess.run([cc, *_FLAGS, str(src), "-o", str(so), "-lm"], check=True, capture_output=True,
+                src = Path(tmp) / f"{stem}.c"
+                src.write_text(source)
+                so = Path(tmp) / f"{stem}.so"
+                subprocess.run([cc, *flags, str(src), "-o", str(so), "-lm"], check=True, capture_output=True,
                                timeout=120)
                 os.replace(so, path)  # atomic: a concurrent builder sees all or nothing
-        return DecodeKernel(ctypes.CDLL(str(path)), path)
+        return ctypes.CDLL(str(path))
     except Exception as e:  # no usable compiler, read-only cache, a failed load: stay on torch
         detail = getattr(e, "stderr", b"") or b""
-        log.warning("CPU decode attention kernel unavailable (%s %s); using the torch path",
-                    e, detail.decode(errors="replace")[:500])
+        log.warning("CPU kernel %s unavailable (%s %s); using the torch path",
+                    stem, e, detail.decode(errors="replace")[:500])
         return None
+
+
+def _build() -> DecodeKernel | None:
+    if not enabled():
+        return None
+    lib = build_shared("paged_decode", _SOURCE, _FLAGS)
+    return DecodeKernel(lib, Path(lib._name)) if lib is not None else None
 
 
 def load() -> DecodeKernel | None:

@@ -40,8 +40,10 @@ class LLMEngine:
         self.tokenizer = loaded.tokenizer
         self.model_name = config.served_model_name or loaded.name
         if config.prepack_weights is not False and self.device.type == "cpu" and hasattr(self.model, "prepack_cpu_weights"):
-            if self.model.prepack_cpu_weights():
-                log.info("matmul weights prepacked for oneDNN (CPU %s)", str(dtype).removeprefix("torch."))
+            # AMX tiles are one of the C kernels: cpu_kernels=False keeps oneDNN's packing.
+            packing = self.model.prepack_cpu_weights(amx=config.cpu_kernels is not False)
+            if packing:
+                log.info("matmul weights prepacked for %s (CPU %s)", packing, str(dtype).removeprefix("torch."))
         if self.device.type == "cpu" and hasattr(self.backend, "native_decode"):
             if config.cpu_kernels is False:
                 self.backend.native_decode = False

@@ -19,6 +19,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from gpuworker.attention.base import AttentionBackend, AttentionMetadata, KVCache
+from gpuworker.models import amx_linear
+from gpuworker.models.amx_linear import AmxWeight
 from gpuworker.models.config import ModelConfig
 
 
@@ -28,11 +30,17 @@ def _param(*shape: int, dtype: torch.dtype, device) -> nn.Parameter:
     return nn.Parameter(torch.empty(*shape, dtype=dtype, device=device), requires_grad=False)
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, packed: torch.Tensor | None) -> torch.Tensor:
-    """``F.linear``, or oneDNN's matmul on a weight prepacked once (see prepack_cpu_weights)."""
-    if packed is not None:
-        return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
-    return F.linear(x, weight, bias)
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, packed) -> torch.Tensor:
+    """``F.linear``, or a weight prepacked once (see prepack_cpu_weights): AMX tiles for
+    decode-sized batches (gpuworker.models.amx_linear; ``F.linear`` beyond them), else
+    oneDNN's blocked layout."""
+    if packed is None:
+        return F.linear(x, weight, bias)
+    if isinstance(packed, AmxWeight):
+        if packed.applies(x) and (bias is None or bias.dtype == torch.bfloat16):
+            return packed(x, bias)
+        return F.linear(x, weight, bias)
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -262,34 +270,48 @@ class LlamaForCausalLM(nn.Module):
 
     # ------------------------------------------------------------------ CPU weight prepacking
     @torch.inference_mode()
-    def prepack_cpu_weights(self, batch_hint: int = 32) -> bool:
-        """Reorder every matmul weight once into oneDNN's blocked layout (bfloat16 on a
-        CPU with AMX/AVX512-BF16). Plain ``F.linear`` re-lays the weight out on every
-        call; prepacked it runs 1.5-2.5x faster at decode-sized batches here (the LM
-        head 2.6x at 32 rows), with bit-identical results. The plain weights stay (the
-        embedding shares the tied LM head; loading and HF comparisons use them), so
-        this costs one more copy of the weights in memory. Returns False, changing
-        nothing, where oneDNN cannot (other dtype or device, no mkldnn, an error)."""
+    def prepack_cpu_weights(self, batch_hint: int = 32, amx: bool = True) -> str | None:
+        """Repack every matmul weight once for the CPU (bfloat16 with AMX/AVX512-BF16);
+        returns which packing was used ("amx" or "onednn"), or None, changing nothing.
+
+        * "amx" (CPUs with AMX, torch on one thread, ``amx``): AMX tiles read by
+          gpuworker.models.amx_linear for decode-sized batches, ~1.2-1.3x oneDNN's
+          speed there (bit-identical to ``F.linear`` up to 32 rows on this machine);
+          larger batches keep ``F.linear``, as fast as a oneDNN-packed weight there.
+        * "onednn": oneDNN's blocked layout. Plain ``F.linear`` re-lays the weight out
+          on every call; prepacked it runs 1.5-2.5x faster at decode-sized batches
+          here, with bit-identical results.
+
+        The plain weights stay (the embedding shares the tied LM head; loading and HF
+        comparisons use them), so either costs one more copy of the weights in memory."""
         if self.dtype != torch.bfloat16 or self.embed_tokens.device.type != "cpu":
-            return False
+            return None
+        weights = lambda l: {"qkv": l.qkv_proj, "o": l.o_proj, "gate_up": l.gate_up_proj,  # noqa: E731
+                             "down": l.down_proj}
+        lib = amx_linear.load() if amx and torch.get_num_threads() == 1 else None
+        if lib is not None and all(amx_linear.can_pack(w) for l in self.layers for w in weights(l).values()):
+            for layer in self.layers:
+                layer.packed = {name: AmxWeight(lib, w) for name, w in weights(layer).items()}
+            if amx_linear.can_pack(self.lm_head):
+                self.packed_lm_head = AmxWeight(lib, self.lm_head)
+            return "amx"
         if not torch.backends.mkldnn.is_available() or not hasattr(torch.ops.mkldnn, "_reorder_linear_weight"):
-            return False
+            return None
         try:
             pack = lambda w: torch.ops.mkldnn._reorder_linear_weight(w.detach(), batch_hint)  # noqa: E731
-            layer_packs = [{"qkv": pack(l.qkv_proj), "o": pack(l.o_proj), "gate_up": pack(l.gate_up_proj),
-                            "down": pack(l.down_proj)} for l in self.layers]
+            layer_packs = [{name: pack(w) for name, w in weights(l).items()} for l in self.layers]
             lm = pack(self.lm_head)
             probe = torch.randn(3, self.config.hidden_size, dtype=self.dtype)
             w = self.layers[0].qkv_proj
             if not torch.equal(linear(probe, w, self.layers[0].qkv_bias, layer_packs[0]["qkv"]),
                                F.linear(probe, w, self.layers[0].qkv_bias)):
-                return False
+                return None
         except Exception:  # an older oneDNN or torch build: stay on F.linear
-            return False
+            return None
         for layer, packs in zip(self.layers, layer_packs):
             layer.packed = packs
         self.packed_lm_head = lm
-        return True
+        return "onednn"
 
     # ------------------------------------------------------------------ weights
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
