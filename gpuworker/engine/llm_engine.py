@@ -40,8 +40,8 @@ class LLMEngine:
         self.tokenizer = loaded.tokenizer
         self.model_name = config.served_model_name or loaded.name
         if config.prepack_weights is not False and self.device.type == "cpu" and hasattr(self.model, "prepack_cpu_weights"):
-            # AMX tiles are one of the C kernels: cpu_kernels=False keeps oneDNN's packing.
-            packing = self.model.prepack_cpu_weights(amx=config.cpu_kernels is not False)
+            # The matmul kernels are C kernels: cpu_kernels=False keeps oneDNN's packing (bf16) or none.
+            packing = self.model.prepack_cpu_weights(kernels=config.cpu_kernels is not False)
             if packing:
                 log.info("matmul weights prepacked for %s (CPU %s)", packing, str(dtype).removeprefix("torch."))
         if self.device.type == "cpu" and hasattr(self.backend, "native_decode"):

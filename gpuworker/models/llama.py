@@ -19,8 +19,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from gpuworker.attention.base import AttentionBackend, AttentionMetadata, KVCache
-from gpuworker.models import amx_linear
-from gpuworker.models.amx_linear import AmxWeight
+from gpuworker.models import cpu_linear
+from gpuworker.models.cpu_linear import PackedWeight
 from gpuworker.models.config import ModelConfig
 
 
@@ -31,15 +31,13 @@ def _param(*shape: int, dtype: torch.dtype, device) -> nn.Parameter:
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, packed) -> torch.Tensor:
-    """``F.linear``, or a weight prepacked once (see prepack_cpu_weights): AMX tiles for
-    decode-sized batches (gpuworker.models.amx_linear; ``F.linear`` beyond them), else
-    oneDNN's blocked layout."""
+    """``F.linear``, or a weight prepacked once (see prepack_cpu_weights): panels for our
+    CPU kernels on decode-sized batches (gpuworker.models.cpu_linear; ``F.linear``
+    beyond them), else oneDNN's blocked layout."""
     if packed is None:
         return F.linear(x, weight, bias)
-    if isinstance(packed, AmxWeight):
-        if packed.applies(x) and (bias is None or bias.dtype == torch.bfloat16):
-            return packed(x, bias)
-        return F.linear(x, weight, bias)
+    if isinstance(packed, PackedWeight):
+        return packed(x, bias) if packed.applies(x, bias) else F.linear(x, weight, bias)
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 
@@ -270,31 +268,33 @@ class LlamaForCausalLM(nn.Module):
 
     # ------------------------------------------------------------------ CPU weight prepacking
     @torch.inference_mode()
-    def prepack_cpu_weights(self, batch_hint: int = 32, amx: bool = True) -> str | None:
-        """Repack every matmul weight once for the CPU (bfloat16 with AMX/AVX512-BF16);
-        returns which packing was used ("amx" or "onednn"), or None, changing nothing.
+    def prepack_cpu_weights(self, batch_hint: int = 32, kernels: bool = True) -> str | None:
+        """Repack every matmul weight once for the CPU; returns which packing was used
+        ("amx", "avx512" or "onednn"), or None, changing nothing.
 
-        * "amx" (CPUs with AMX, torch on one thread, ``amx``): AMX tiles read by
-          gpuworker.models.amx_linear for decode-sized batches, ~1.2-1.3x oneDNN's
-          speed there (bit-identical to ``F.linear`` up to 32 rows on this machine);
-          larger batches keep ``F.linear``, as fast as a oneDNN-packed weight there.
-        * "onednn": oneDNN's blocked layout. Plain ``F.linear`` re-lays the weight out
-          on every call; prepacked it runs 1.5-2.5x faster at decode-sized batches
-          here, with bit-identical results.
+        * "amx" (bfloat16) / "avx512" (float32): panels read by our kernels
+          (gpuworker.models.cpu_linear) for decode-sized batches, where they stream
+          the weights faster than oneDNN/MKL; larger batches keep ``F.linear``.
+          Needs AVX-512 (AMX for bf16), torch on one thread, ``kernels``.
+        * "onednn" (bfloat16 elsewhere): oneDNN's blocked layout. Plain ``F.linear``
+          re-lays the weight out on every call; prepacked it runs 1.5-2.5x faster at
+          decode-sized batches here, with bit-identical results.
 
         The plain weights stay (the embedding shares the tied LM head; loading and HF
-        comparisons use them), so either costs one more copy of the weights in memory."""
-        if self.dtype != torch.bfloat16 or self.embed_tokens.device.type != "cpu":
+        comparisons use them), so packing costs one more copy of the weights in memory."""
+        if self.dtype not in (torch.bfloat16, torch.float32) or self.embed_tokens.device.type != "cpu":
             return None
         weights = lambda l: {"qkv": l.qkv_proj, "o": l.o_proj, "gate_up": l.gate_up_proj,  # noqa: E731
                              "down": l.down_proj}
-        lib = amx_linear.load() if amx and torch.get_num_threads() == 1 else None
-        if lib is not None and all(amx_linear.can_pack(w) for l in self.layers for w in weights(l).values()):
+        lib = cpu_linear.load() if kernels and torch.get_num_threads() == 1 else None
+        if lib is not None and all(cpu_linear.can_pack(lib, w) for l in self.layers for w in weights(l).values()):
             for layer in self.layers:
-                layer.packed = {name: AmxWeight(lib, w) for name, w in weights(layer).items()}
-            if amx_linear.can_pack(self.lm_head):
-                self.packed_lm_head = AmxWeight(lib, self.lm_head)
-            return "amx"
+                layer.packed = {name: PackedWeight(lib, w) for name, w in weights(layer).items()}
+            if cpu_linear.can_pack(lib, self.lm_head):
+                self.packed_lm_head = PackedWeight(lib, self.lm_head)
+            return "amx" if self.dtype == torch.bfloat16 else "avx512"
+        if self.dtype != torch.bfloat16:
+            return None
         if not torch.backends.mkldnn.is_available() or not hasattr(torch.ops.mkldnn, "_reorder_linear_weight"):
             return None
         try:

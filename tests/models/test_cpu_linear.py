@@ -1,0 +1,98 @@
+"""The small-batch CPU matmul kernels (gpuworker/models/cpu_linear.py) against
+``F.linear``, alone and inside the model: bfloat16 on AMX, float32 on AVX-512."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from gpuworker.attention import cpu_kernels
+from gpuworker.models import cpu_linear
+from gpuworker.models.loader import load_model
+from tests.models.test_model_vs_hf import run_chunked, sequences
+from tests.tiny_models import save_tiny_model
+
+
+@pytest.fixture
+def lib():
+    if not cpu_kernels.cpu_has("avx512f"):
+        pytest.skip("this CPU has no AVX-512: matmuls stay on torch (bf16: oneDNN's packing), tested with the model")
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)  # the kernels are taken only with one torch thread
+    got = cpu_linear.load()
+    # With AVX-512 and a compiler, a failed build is a bug to see.
+    assert got is not None or cpu_kernels.compiler() is None, "AVX-512 CPU and a C compiler, but no matmul kernels"
+    if got is None:
+        pytest.skip("no C compiler on this machine: matmuls stay on torch")
+    yield got
+    torch.set_num_threads(before)
+
+
+def _dtype_or_skip(lib, dtype):
+    if dtype == torch.bfloat16 and not lib.amx:
+        pytest.skip("no AMX on this CPU (or Linux refused it): bf16 matmuls use oneDNN's packing")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("rows", [1, 3, 14, 15, 17, 32])
+@pytest.mark.parametrize("bias", [False, True])
+def test_kernel_matches_f_linear(lib, dtype, rows, bias):
+    _dtype_or_skip(lib, dtype)
+    g = torch.Generator().manual_seed(rows)
+    w = torch.randn(96, 160, generator=g).to(dtype)
+    b = torch.randn(96, generator=g).to(dtype) if bias else None
+    wide = torch.randn(rows, 200, generator=g).to(dtype)
+    x = wide[:, 20:180]  # a strided view (row stride 200), as a split of a fused projection gives
+    packed = cpu_linear.PackedWeight(lib, w)
+    assert packed.applies(x, b)
+    got = packed(x, b)
+    ref = F.linear(x, w, b)
+    if dtype == torch.bfloat16:
+        # Same fp32 accumulation and one rounding to bf16: equal here, at most one ulp anywhere.
+        assert torch.equal(got, ref) or (got.float() - ref.float()).abs().max() <= ref.float().abs().max() * 2**-7
+    else:
+        # Another summation order than MKL's: both within float32 rounding of the exact result.
+        exact = F.linear(x.double(), w.double(), None if b is None else b.double())
+        err, ref_err = (got.double() - exact).abs().max().item(), (ref.double() - exact).abs().max().item()
+        assert err <= max(4 * ref_err, 1e-5), (err, ref_err)
+
+
+def test_larger_batches_and_other_shapes_stay_on_torch(lib):
+    w = torch.randn(64, 64)
+    packed = cpu_linear.PackedWeight(lib, w)
+    assert not packed.applies(torch.randn(cpu_linear.MAX_ROWS[torch.float32] + 1, 64))
+    assert not packed.applies(torch.randn(4, 64).to(torch.bfloat16))  # another dtype
+    assert not packed.applies(torch.randn(4, 64), torch.randn(64).to(torch.bfloat16))
+    assert not cpu_linear.can_pack(lib, torch.randn(48, 64))  # 48 rows: not a multiple of 32
+    with pytest.raises(ValueError, match="multiples of 32"):
+        cpu_linear.PackedWeight(lib, torch.randn(40, 64))
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)  # the kernels are single-threaded: torch's threads win there
+    try:
+        assert not packed.applies(torch.randn(4, 64))
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_model_with_packed_weights_matches_the_plain_model(lib, dtype, tmp_path):
+    """A tiny Llama through mixed prefill/decode steps: packed weights (decode-sized
+    steps) and F.linear (larger ones) against the plain model."""
+    _dtype_or_skip(lib, dtype)
+    folder = save_tiny_model("llama", tmp_path / "m")
+    plain = load_model(str(folder), dtype=dtype)
+    seqs = sequences(plain.tokenizer)
+    want = run_chunked(plain.model, seqs)
+    packed = load_model(str(folder), dtype=dtype)
+    assert packed.model.prepack_cpu_weights() == ("amx" if dtype == torch.bfloat16 else "avx512")
+    assert isinstance(packed.model.layers[0].packed["qkv"], cpu_linear.PackedWeight)
+    for a, b in zip(run_chunked(packed.model, seqs), want):
+        if dtype == torch.bfloat16:
+            assert torch.equal(a, b) or (a - b).abs().max().item() < 0.05 * b.abs().max().item()
+        else:
+            assert (a - b).abs().max().item() < 1e-4  # the bound the fp32 HF comparison uses
+    if dtype == torch.bfloat16:
+        onednn = load_model(str(folder), dtype=dtype)
+        assert onednn.model.prepack_cpu_weights(kernels=False) in ("onednn", None)
+        for a, b in zip(run_chunked(onednn.model, seqs), want):
+            assert torch.equal(a, b)
