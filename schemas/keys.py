@@ -131,6 +131,13 @@ def job_info(job_id: str, in_tag: Optional[str] = None) -> str:
     return f"{PREFIX}:job:{{{in_tag or job_tag(job_id)}}}:{job_id}"
 
 
+def reader_wake(in_tag: str, reader_id: str) -> str:
+    """A tiny stream one gateway reader watches next to the reply streams it
+    follows (producer/gateway/reply_hub.py): an entry here makes its blocked
+    XREAD return, so a newly followed stream joins the next read at once."""
+    return f"{PREFIX}:wake:{{{in_tag}}}:{reader_id}"
+
+
 # -- per model -----------------------------------------------------------------
 def workers(model: str) -> str:
     """Sorted set of live workers (score = last heartbeat, unix seconds)."""

@@ -118,4 +118,10 @@ def serve(settings: Optional[GatewaySettings] = None, log_level: str = "info") -
             side.should_exit = True
             await task
 
-    asyncio.run(both())
+    # The loop uvicorn itself would run (uvloop where installed).
+    factory = main.config.get_loop_factory() if hasattr(main.config, "get_loop_factory") else None
+    if factory is None or not hasattr(asyncio, "Runner"):  # Python 3.10, older uvicorn
+        asyncio.run(both())
+        return
+    with asyncio.Runner(loop_factory=factory) as runner:
+        runner.run(both())

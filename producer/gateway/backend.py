@@ -10,11 +10,12 @@ import anyio
 from schemas import Job, decode_event, keys, records, transitions
 from schemas.connection import async_client, sync_client
 from schemas.fold import Assembly
-from schemas.follower import Follow, afollow
+from schemas.follower import Follow
 from schemas.queues import models_of_keys
 from schemas.text import as_str
 from producer.admission import ADMISSION_LUA, Admitted, aadmit
 from producer.errors import JobNotFound
+from producer.gateway.reply_hub import ReplyHub
 from producer.queue_stats import ModelQueueStats, all_stats
 from producer.settings import ProducerSettings
 
@@ -24,10 +25,12 @@ class Backend:
         self.settings = settings
         self.redis = async_client(settings, max_connections=max_connections)
         self._admit = self.redis.register_script(ADMISSION_LUA)
+        self.replies = ReplyHub(self.redis)  # one shared read for every stream followed
         self._models_cache: tuple[float, list[str]] = (0.0, [])
         self.outage_tolerance_s = 30.0
 
     async def close(self) -> None:
+        await self.replies.close()
         await self.redis.aclose()
 
     async def ping(self) -> bool:
@@ -55,15 +58,15 @@ class Backend:
         # outlives any waiting job so a late intake still sees it.
         await transitions.request_cancel(self.redis, job_id=job_id, ttl=self.settings.live_ttl)
 
-    async def events(self, job_id: str, last_id: str = "0-0", block_ms: int = 1000,
-                     count: int = 256) -> AsyncIterator[tuple[Optional[str], object]]:
+    async def events(self, job_id: str, last_id: str = "0-0",
+                     block_ms: int = 1000) -> AsyncIterator[tuple[Optional[str], object]]:
         """Yield (entry id, event) from ``last_id`` on; (None, None) after each
         idle ``block_ms`` so callers can send keepalives and notice disconnects.
         Every event is yielded (the fold filters); the read ends only on the
         final event of the attempt the follower accepts."""
-        plan = Follow(job_id, block_ms=block_ms, count=count, raw=True, keepalive=True,
+        plan = Follow(job_id, block_ms=block_ms, count=self.replies.count, raw=True, keepalive=True,
                       reconnect_timeout=self.outage_tolerance_s, missing=lambda: JobNotFound(job_id))
-        async for item in afollow(self.redis, keys.reply(job_id), plan, last_id):
+        async for item in self.replies.follow(keys.reply(job_id), plan, last_id):
             yield item
 
     async def history(self, job_id: str) -> Assembly:

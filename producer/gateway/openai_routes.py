@@ -87,6 +87,13 @@ async def _stream(ctx: Context, kind: str, job_id: str, model: str, include_usag
             yield sse.data(fmt.completion_chunk(job_id, model, created, prefix, include_usage=include_usage))
         offset = len(prefix)
         prompt_sent = plp_sent = False
+        # The chunk of a token without logprobs, encoded around its text (one per token).
+        if kind == "chat":
+            text_chunk = sse.TextEvents(lambda text: fmt.chat_chunk(job_id, model, created, {"content": text},
+                                                                    include_usage=include_usage))
+        else:
+            text_chunk = sse.TextEvents(lambda text: fmt.completion_chunk(job_id, model, created, text,
+                                                                          include_usage=include_usage))
         failure: Optional[APIError] = None  # ends the stream with an error chunk
         pieces = stream_pieces(ctx, job_id, asm)
         while True:
@@ -122,6 +129,10 @@ async def _stream(ctx: Context, kind: str, job_id: str, model: str, include_usag
                                                     logprobs=fmt.echo_logprobs(asm, logprobs_n)))
             lp = fmt.piece_logprobs(piece, kind, logprobs_n, offset)
             offset += len(piece.text)
+            if lp is None and (prompt_logprobs_n is None or plp_sent):
+                last_sent = time.monotonic()
+                yield text_chunk(piece.text)
+                continue
             if kind == "chat":
                 chunk = fmt.chat_chunk(job_id, model, created, {"content": piece.text}, logprobs=lp,
                                        include_usage=include_usage)
