@@ -69,6 +69,46 @@ def make_generator(seed: Optional[int], device="cpu") -> Optional[torch.Generato
     return g
 
 
+# CPU argmax works on blocks of this many logits (see greedy_argmax).
+_ARGMAX_BLOCK = 512
+
+
+def greedy_argmax(logits: torch.Tensor) -> torch.Tensor:
+    """Index of each row's largest logit, the first one among equal maxima, in the
+    logits' own dtype (no cast, no copy of the rows).
+
+    On CUDA this is ``argmax`` (one kernel). On CPU, ``max(dim=-1).indices`` and
+    ``argmax`` reduce element by element (~1.7 / 2.7 ns per logit on one core),
+    while ``amax`` is vectorised and bound by memory bandwidth. So: the max of each
+    block of ``_ARGMAX_BLOCK`` logits (one vectorised pass over the rows), the first
+    block holding the row's max, and ``max().indices`` inside that block only.
+    Same result as ``argmax``, ties included (first block, then first index in it).
+    NaN rows fall back to ``argmax`` (NaN counts as the maximum there).
+    """
+    if logits.device.type != "cpu" or logits.shape[-1] <= 2 * _ARGMAX_BLOCK:
+        return logits.argmax(dim=-1)
+    rows, vocab = logits.shape
+    if logits.stride(-1) != 1:
+        logits = logits.contiguous()
+    bk = _ARGMAX_BLOCK
+    nb = vocab // bk
+    block_max = logits[:, : nb * bk].view(rows, nb, bk).amax(dim=-1)
+    if nb * bk < vocab:
+        block_max = torch.cat([block_max, logits[:, nb * bk :].amax(dim=-1, keepdim=True)], dim=1)
+    row_max = block_max.amax(dim=-1, keepdim=True)
+    hit = block_max == row_max
+    first = hit.to(torch.uint8).argmax(dim=-1)  # first block holding the row's max
+    start = first * bk
+    cols = (start[:, None] + torch.arange(bk, device=logits.device)[None, :]).clamp_(max=vocab - 1)
+    # The last block may be short: clamped columns repeat the final logit after
+    # its own position, so the first maximum inside the block is still the real one.
+    picked = start + logits.gather(1, cols).max(dim=-1).indices
+    nan_rows = torch.isnan(row_max[:, 0])
+    if bool(nan_rows.any()):
+        picked = torch.where(nan_rows, logits.argmax(dim=-1), picked)
+    return picked
+
+
 def _is_greedy(p: SamplingParams) -> bool:
     return p.temperature < _GREEDY_EPS
 
@@ -89,7 +129,7 @@ class Sampler:
             return SamplerOutput([], [])
         # Fast path: one argmax for the whole batch (the check stops at the first other row).
         if all(_is_plain_greedy(r.params) for r in rows):
-            return SamplerOutput(logits.argmax(dim=-1).tolist(), [None] * n)
+            return SamplerOutput(greedy_argmax(logits).tolist(), [None] * n)
 
         params = [r.params for r in rows]
         greedy = [_is_greedy(p) for p in params]
@@ -110,7 +150,7 @@ class Sampler:
         if len(sample_idx) == n:
             tokens, processed = self._sample(logits, rows, sample_idx, need_processed)
         else:
-            tokens = logits.argmax(dim=-1)
+            tokens = greedy_argmax(logits)
             if sample_idx:
                 sampled, processed = self._sample(logits, rows, sample_idx, need_processed)
                 tokens[torch.tensor(sample_idx, device=tokens.device)] = sampled

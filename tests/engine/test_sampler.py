@@ -311,3 +311,30 @@ def test_draw_never_lands_on_a_zero_probability_token():
     for u in (0.0, 0.5, 1.0 - 1e-7, 1.0):
         picked = _draw(logits, torch.tensor([u, u])).tolist()
         assert picked[0] in (0, 1) and picked[1] in (1, 2)
+
+
+# ------------------------------------------------------------ blocked argmax
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("vocab", [7, 1024, 1025, 1536, 49152, 50_003])
+def test_greedy_argmax_equals_argmax_ties_included(dtype, vocab):
+    from gpuworker.engine.sampler import greedy_argmax
+
+    g = torch.Generator().manual_seed(vocab)
+    x = (torch.randn(40, vocab, generator=g) * 0.3).to(dtype)  # low precision: many ties
+    x[0] = 1.0  # every logit tied: index 0
+    x[1, -1] = 50.0  # the maximum in the short last block
+    x[2, -3:] = 50.0  # tied maxima inside the last block
+    x[3, 5] = x[3, vocab // 2] = x[3, -1] = 60.0  # tied maxima in different blocks
+    got = greedy_argmax(x)
+    assert got.tolist() == x.argmax(dim=-1).tolist() == x.max(dim=-1).indices.tolist()
+    assert got.dtype == torch.long
+
+
+def test_greedy_argmax_on_a_column_slice_and_nan_rows():
+    from gpuworker.engine.sampler import greedy_argmax
+
+    x = torch.randn(6, 4000, generator=torch.Generator().manual_seed(1))
+    x[2, 1234] = float("nan")
+    view = x[:, :3000]  # rows not contiguous in memory
+    assert greedy_argmax(view).tolist() == view.argmax(dim=-1).tolist()
+    assert greedy_argmax(view)[2] == 1234
