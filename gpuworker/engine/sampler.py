@@ -98,6 +98,8 @@ def greedy_argmax(logits: torch.Tensor) -> torch.Tensor:
     if logits.device.type != "cpu" or logits.shape[-1] <= 2 * _ARGMAX_BLOCK:
         return logits.argmax(dim=-1)
     rows, vocab = logits.shape
+    if rows == 1:  # one row: the per-op overhead of the blocked form outweighs it
+        return logits.max(dim=-1).indices
     if logits.stride(-1) != 1:
         logits = logits.contiguous()
     bk = _ARGMAX_BLOCK

@@ -328,6 +328,7 @@ def test_greedy_argmax_equals_argmax_ties_included(dtype, vocab):
     got = greedy_argmax(x)
     assert got.tolist() == x.argmax(dim=-1).tolist() == x.max(dim=-1).indices.tolist()
     assert got.dtype == torch.long
+    assert greedy_argmax(x[3:4]).tolist() == x[3:4].argmax(dim=-1).tolist()  # the one-row path
 
 
 def test_greedy_argmax_on_a_column_slice_and_nan_rows():
