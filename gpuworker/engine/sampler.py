@@ -448,7 +448,7 @@ def _scratch(vocab: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tens
     key = (vocab, str(device))
     bufs = getattr(_SCRATCH, "bufs", None)
     if bufs is None or bufs[0] != key:
-        bufs = (key, tuple(torch.empty(_CHUNK_ROWS, vocab, device=device) for _ in range(3)))
+        bufs = (key, tuple(torch.empty(_CHUNK_ROWS, vocab, device=device, dtype=torch.float32) for _ in range(3)))
         _SCRATCH.bufs = bufs
     return bufs[1]
 # Rejection rounds before the rows still drawing fall back to the sorted path
