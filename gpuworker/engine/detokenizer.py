@@ -118,6 +118,91 @@ def make_decode_fn(tokenizer, skip_special_tokens: bool) -> Callable[[list[int]]
     )
 
 
+def _gpt2_byte_decoder() -> dict[str, int]:
+    """GPT-2's bytes_to_unicode, inverted: the printable stand-in char -> byte."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("\xa1"), ord("\xac") + 1)) + list(range(ord("\xae"), ord("\xff") + 1))
+    cs, n = bs[:], 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(bs, cs)}
+
+
+# tokenizer -> (bytes per id, text per id where those bytes are whole characters), or None
+_BYTE_TABLES: "weakref.WeakKeyDictionary[object, Optional[tuple]]" = weakref.WeakKeyDictionary()
+
+
+def byte_level_table(tokenizer) -> Optional[tuple[list[bytes], list[Optional[str]]]]:
+    """Per-id bytes for a tokenizer whose decoder is exactly ByteLevel (GPT-2 style:
+    SmolLM2, Llama 3, Qwen), else None.
+
+    Such a decoder maps each token's characters back to bytes (a token with a
+    character outside the map keeps its own UTF-8), concatenates them and decodes
+    the lot with U+FFFD for invalid sequences. Then the text of a token stream is
+    a byte stream: no window to re-decode. The table is checked against the
+    tokenizer's own decode of every id; any difference and we keep the window
+    decoder."""
+    try:
+        return _BYTE_TABLES[tokenizer]
+    except (KeyError, TypeError):
+        pass
+    table = None
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    decoder = getattr(backend, "decoder", None)
+    try:
+        state = json.loads(decoder.__getstate__()) if decoder is not None else None
+    except Exception:
+        state = None
+    if state is not None and state.get("type") == "ByteLevel":
+        inv = _gpt2_byte_decoder()
+        size = backend.get_vocab_size(with_added_tokens=True)
+        raw: list[bytes] = [b""] * size
+        for tok, i in backend.get_vocab(with_added_tokens=True).items():
+            if 0 <= i < size:
+                try:
+                    raw[i] = bytes(inv[c] for c in tok)
+                except KeyError:
+                    raw[i] = tok.encode("utf-8")
+        want = backend.decode_batch([[i] for i in range(size)], skip_special_tokens=False)
+        if all(b.decode("utf-8", "replace") == w for b, w in zip(raw, want)):
+            whole = []
+            for b in raw:
+                try:
+                    text = b.decode("utf-8")
+                except UnicodeDecodeError:
+                    text = None
+                whole.append(text if text is not None and not text.endswith(REPLACEMENT_CHAR) else None)
+            table = (raw, whole)
+    try:
+        _BYTE_TABLES[tokenizer] = table
+    except TypeError:
+        pass
+    return table
+
+
+def _incomplete_tail(buf: bytes) -> int:
+    """Length of the trailing bytes that begin a valid UTF-8 character but do not
+    finish it (0-3): they wait for the next token. Everything before them decodes
+    now exactly as it will in the full text (a U+FFFD for an invalid sequence is
+    final once a byte that cannot continue it has arrived)."""
+    n = len(buf)
+    for i in range(1, min(3, n) + 1):
+        b = buf[n - i]
+        if 0x80 <= b <= 0xBF:  # continuation byte: keep looking for the lead
+            continue
+        need = 2 if 0xC2 <= b <= 0xDF else 3 if 0xE0 <= b <= 0xEF else 4 if 0xF0 <= b <= 0xF4 else 0
+        if need <= i:
+            return 0
+        if i >= 2:  # the second byte's range depends on the lead (no overlongs, surrogates, > U+10FFFF)
+            lo, hi = {0xE0: (0xA0, 0xBF), 0xED: (0x80, 0x9F), 0xF0: (0x90, 0xBF), 0xF4: (0x80, 0x8F)}.get(b, (0x80, 0xBF))
+            if not lo <= buf[n - i + 1] <= hi:
+                return 0
+        return i
+    return 0
+
+
 def cleanup_fn(tokenizer) -> Optional[Callable[[str], str]]:
     """transformers' ``clean_up_tokenization`` when ``tokenizer.decode`` applies it
     (WordPiece-era tokenizers with ``clean_up_tokenization_spaces``), else None.
@@ -154,6 +239,12 @@ class IncrementalDetokenizer:
         # anyway), so a run of them cannot leave a window without text.
         self._skipped = skipped_special_ids(tokenizer) if params.skip_special_tokens else frozenset()
         self._byte_ids = byte_fallback_ids(tokenizer)
+        # ByteLevel decoders: decode as a byte stream from a per-id table (no Rust call
+        # per token); other decoders re-decode a short window of ids.
+        table = byte_level_table(tokenizer)
+        self._tok_bytes, self._tok_text = table if table is not None else (None, None)
+        self._pending = b""  # byte mode: bytes of a character not finished yet
+        self._held_fffd = ""  # byte mode: trailing U+FFFD not shown yet
         # Python-level clean_up_tokenization (WordPiece-era tokenizers): applied
         # to the decoded text as a stream, cut only where no pattern can straddle.
         self._cleanup = cleanup_fn(tokenizer)
@@ -198,6 +289,19 @@ class IncrementalDetokenizer:
             new_text = self._clean_stream(new_text, final=False)
         return self._take(new_text, final=False)
 
+    def update_one(self, token_id: int) -> tuple[str, Optional[str]]:
+        """``update([token_id])`` for the engine's one-token-per-step case; without
+        stop strings or a cleanup pass it skips the stop-string bookkeeping
+        (everything decoded is shown at once there)."""
+        if self._cleanup is not None or self._max_stop or self._flushed:
+            return self.update([token_id])
+        new_text = self._decode_token(token_id)
+        if new_text:
+            self._pieces.append(new_text)
+            self._num_chars += len(new_text)
+            self._shown = self._num_chars
+        return new_text, None
+
     def flush(self) -> str:
         """On a finish without a stop string: everything not yet shown.
 
@@ -207,6 +311,9 @@ class IncrementalDetokenizer:
         self._check_open()
         self._flushed = True
         rest = self._decode(self._ids[self._prefix :])[self._window_shown :] if self._ids else ""
+        if self._pending or self._held_fffd:  # byte mode: an unfinished character decodes as it is (U+FFFD)
+            rest += self._held_fffd + self._pending.decode("utf-8", "replace")
+            self._pending, self._held_fffd = b"", ""
         if self._cleanup is not None:
             rest = self._clean_stream(rest, final=True)
         text, _ = self._take(rest, final=True)
@@ -216,6 +323,23 @@ class IncrementalDetokenizer:
     def _decode_token(self, token_id: int) -> str:
         if token_id in self._skipped:
             return ""
+        if self._tok_bytes is not None:
+            if not 0 <= token_id < len(self._tok_bytes):
+                return ""  # an id the tokenizer does not know: its decode drops it too
+            if not self._pending and not self._held_fffd:
+                text = self._tok_text[token_id]
+                if text is not None:  # whole characters: the common case
+                    return text
+                buf = self._tok_bytes[token_id]
+            else:
+                buf = self._pending + self._tok_bytes[token_id]
+            cut = len(buf) - _incomplete_tail(buf)
+            self._pending = buf[cut:]
+            text = self._held_fffd + buf[:cut].decode("utf-8", "replace")
+            # As in window mode, trailing U+FFFD wait for the next character (or flush).
+            ready = text.rstrip(REPLACEMENT_CHAR)
+            self._held_fffd = text[len(ready) :]
+            return ready
         self._ids.append(token_id)
         if token_id in self._byte_ids:
             # A byte run is settled by the decoder only when it ends: hold it

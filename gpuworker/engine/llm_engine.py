@@ -17,7 +17,7 @@ from gpuworker.engine.detokenizer import IncrementalDetokenizer
 from gpuworker.engine.kv_cache_manager import KVCacheManager
 from gpuworker.engine.model_runner import ModelRunner
 from gpuworker.engine.outputs import EngineStats, RequestDelta
-from gpuworker.engine.request import Request
+from gpuworker.engine.request import Request, RequestStatus
 from gpuworker.engine.sampler import make_generator
 from gpuworker.engine.scheduler import Scheduler
 from gpuworker.models.loader import load_model
@@ -169,13 +169,18 @@ class LLMEngine:
         t1 = time.perf_counter()
         sampled = self.runner.execute(sched, self.kv)
         t2 = time.perf_counter()
+        kv = self.kv
+        caching = kv.enable_caching
+        prompt_tokens = 0
         for s in sched.scheduled:
-            self.kv.cache_computed_blocks(s.request)
+            req = s.request
+            if caching:
+                kv.cache_computed_blocks(req)
+            before, n_prompt = s.num_computed_before, len(req.prompt_token_ids)
+            if before < n_prompt:  # a prefill chunk (decode rows skip this)
+                prompt_tokens += min(before + s.num_new_tokens, n_prompt) - before
         self.num_steps += 1
-        self.num_prompt_tokens += sum(
-            max(0, min(s.num_computed_before + s.num_new_tokens, s.request.num_prompt_tokens) - s.num_computed_before)
-            for s in sched.scheduled
-        )
+        self.num_prompt_tokens += prompt_tokens
         for st in sampled:
             d = self._on_token(st.scheduled.request, st.token_id, st.logprobs)
             if d is not None:
@@ -185,38 +190,38 @@ class LLMEngine:
         return deltas
 
     def _on_token(self, req: Request, token: int, logprobs) -> Optional[RequestDelta]:
-        if req.is_finished:  # aborted between schedule and output
+        # Runs once per sampled token (256 times a step at batch 256): properties
+        # and the append helper are inlined; same checks, same order.
+        if req.status is RequestStatus.FINISHED:  # aborted between schedule and output
             return None
-        req.append_output_token(token)
+        req.all_token_ids.append(token)
+        out_ids = req.output_token_ids
+        out_ids.append(token)
         self.num_generated_tokens += 1
-        lps = [logprobs] if req.params.logprobs is not None else None
         p = req.params
+        lps = [logprobs] if p.logprobs is not None else None
         plp = None
         if req.prompt_logprobs is not None and not req.prompt_logprobs_sent:
             plp, req.prompt_logprobs_sent = req.prompt_logprobs, True
         # Stop tokens end the request without their text.
-        if token in p.stop_token_ids:
+        if p.stop_token_ids and token in p.stop_token_ids:
             return self._finish(req, "stop", [token], req.detokenizer.flush(), lps, stop_reason=token, plp=plp)
         if not p.ignore_eos and token in self.eos_token_ids:
             return self._finish(req, "stop", [token], req.detokenizer.flush(), lps, plp=plp)
-        text, stop_str = req.detokenizer.update([token])
+        detok = req.detokenizer
+        text, stop_str = detok.update_one(token)
         if stop_str is not None:
             return self._finish(req, "stop", [token], text, lps, stop_reason=stop_str, plp=plp)
-        if req.num_output_tokens >= p.max_tokens or req.num_tokens >= self.max_model_len:
-            text += req.detokenizer.flush()
-            if req.detokenizer.stop_hit is not None:  # a stop string in text that only settled now
-                return self._finish(req, "stop", [token], text, lps, stop_reason=req.detokenizer.stop_hit, plp=plp)
+        n_out = len(out_ids)
+        if n_out >= p.max_tokens or len(req.all_token_ids) >= self.max_model_len:
+            text += detok.flush()
+            if detok.stop_hit is not None:  # a stop string in text that only settled now
+                return self._finish(req, "stop", [token], text, lps, stop_reason=detok.stop_hit, plp=plp)
             return self._finish(req, "length", [token], text, lps, plp=plp)
-        return RequestDelta(
-            request_id=req.request_id,
-            new_token_ids=[token],
-            new_text=text,
-            logprobs=lps,
-            num_prompt_tokens=req.num_prompt_tokens,
-            num_output_tokens=req.num_output_tokens,
-            num_cached_tokens=max(req.num_cached_tokens, 0),
-            prompt_logprobs=plp,
-        )
+        cached = req.num_cached_tokens
+        return RequestDelta(request_id=req.request_id, new_token_ids=[token], new_text=text, logprobs=lps,
+                            num_prompt_tokens=len(req.prompt_token_ids), num_output_tokens=n_out,
+                            num_cached_tokens=cached if cached > 0 else 0, prompt_logprobs=plp)
 
     def _finish(self, req, reason, tokens, text, lps, stop_reason=None, plp=None) -> RequestDelta:
         self.scheduler.finish(req, reason)

@@ -30,7 +30,7 @@ import torch
 from gpuworker.attention.base import AttentionMetadata
 from gpuworker.engine.kv_cache_manager import KVCacheManager
 from gpuworker.engine.prompt_logprobs import collect_prompt_logprobs
-from gpuworker.engine.sampler import Sampler, SamplingRow, _is_plain_greedy
+from gpuworker.engine.sampler import Sampler, SamplingRow, _is_plain_greedy, greedy_argmax
 from gpuworker.engine.scheduler import ScheduledRequest, SchedulerOutput
 
 
@@ -240,10 +240,10 @@ class ModelRunner:
         t2 = time.perf_counter()
         times.prepare, times.forward = t1 - t0, t2 - t1
         if greedy:
-            # Greedy fast path at the call site (the sampler is untouched): max over the
-            # vocabulary, which on CPU is ~3x faster than argmax and also returns the
-            # first index among equal maxima; one device->host copy.
-            token_ids = logits.max(dim=-1).indices.tolist()
+            # Greedy fast path at the call site: the first index of each row's maximum,
+            # in the logits' own dtype (on CPU a blocked, vectorised argmax; see
+            # sampler.greedy_argmax); one device->host copy.
+            token_ids = greedy_argmax(logits).tolist()
             lps: list = [None] * len(reqs)
         else:
             rows = [

@@ -19,18 +19,28 @@ Drawing is by inverse CDF: one uniform u per row, the first token whose
 cumulative probability exceeds u. Rows with their own ``torch.Generator`` take
 u from it, so a seeded request draws the same tokens on re-run whatever else
 shares the batch (given the same logits); unseeded rows share one batched draw
-from the global RNG. Rows with top-k/top-p work on a partial sort of their best
-tokens (widened only when a nucleus does not fit), never a full-vocabulary sort
-unless needed.
+from the global RNG.
 
-The all-greedy batch without penalties or logprobs is one argmax, nothing else.
-Everything else builds its per-row parameter tensors once per call.
+Rows without top-k (plain temperature, min-p, top-p; the usual case) never
+sort: ``_sample_nucleus`` draws from the min-p'd distribution and accepts the
+token if it lies in the top-p nucleus, else redraws among the tokens ranked
+before it (rejection with a pivot, as FlashInfer does; exact, see there). Rows
+with top-k work on a partial sort of their k best tokens. Rows that report
+processed logprobs keep the explicit-mask paths (a nucleus widens its partial
+sort only when it does not fit). On CPU the fast path runs in chunks of rows in
+reused scratch buffers; exponential-race (Gumbel) sampling was measured and not
+taken: one exponential per logit costs ~20x the whole draw on CPU.
+
+The all-greedy batch without penalties or logprobs is one argmax
+(``greedy_argmax``), nothing else. Everything else builds its per-row parameter
+tensors once per call.
 
 Prompt logprobs (``prompt_logprobs_of``) are the log-softmax of the model's
 logits at each prompt position, for the next prompt token: raw, as in vLLM.
 """
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import Optional
 
@@ -69,6 +79,48 @@ def make_generator(seed: Optional[int], device="cpu") -> Optional[torch.Generato
     return g
 
 
+# CPU argmax works on blocks of this many logits (see greedy_argmax).
+_ARGMAX_BLOCK = 512
+
+
+def greedy_argmax(logits: torch.Tensor) -> torch.Tensor:
+    """Index of each row's largest logit, the first one among equal maxima, in the
+    logits' own dtype (no cast, no copy of the rows).
+
+    On CUDA this is ``argmax`` (one kernel). On CPU, ``max(dim=-1).indices`` and
+    ``argmax`` reduce element by element (~1.7 / 2.7 ns per logit on one core),
+    while ``amax`` is vectorised and bound by memory bandwidth. So: the max of each
+    block of ``_ARGMAX_BLOCK`` logits (one vectorised pass over the rows), the first
+    block holding the row's max, and ``max().indices`` inside that block only.
+    Same result as ``argmax``, ties included (first block, then first index in it).
+    NaN rows fall back to ``argmax`` (NaN counts as the maximum there).
+    """
+    if logits.device.type != "cpu" or logits.shape[-1] <= 2 * _ARGMAX_BLOCK:
+        return logits.argmax(dim=-1)
+    rows, vocab = logits.shape
+    if rows == 1:  # one row: the per-op overhead of the blocked form outweighs it
+        return logits.max(dim=-1).indices
+    if logits.stride(-1) != 1:
+        logits = logits.contiguous()
+    bk = _ARGMAX_BLOCK
+    nb = vocab // bk
+    block_max = logits[:, : nb * bk].view(rows, nb, bk).amax(dim=-1)
+    if nb * bk < vocab:
+        block_max = torch.cat([block_max, logits[:, nb * bk :].amax(dim=-1, keepdim=True)], dim=1)
+    row_max = block_max.amax(dim=-1, keepdim=True)
+    hit = block_max == row_max
+    first = hit.to(torch.uint8).argmax(dim=-1)  # first block holding the row's max
+    start = first * bk
+    cols = (start[:, None] + torch.arange(bk, device=logits.device)[None, :]).clamp_(max=vocab - 1)
+    # The last block may be short: clamped columns repeat the final logit after
+    # its own position, so the first maximum inside the block is still the real one.
+    picked = start + logits.gather(1, cols).max(dim=-1).indices
+    nan_rows = torch.isnan(row_max[:, 0])
+    if bool(nan_rows.any()):
+        picked = torch.where(nan_rows, logits.argmax(dim=-1), picked)
+    return picked
+
+
 def _is_greedy(p: SamplingParams) -> bool:
     return p.temperature < _GREEDY_EPS
 
@@ -89,7 +141,7 @@ class Sampler:
             return SamplerOutput([], [])
         # Fast path: one argmax for the whole batch (the check stops at the first other row).
         if all(_is_plain_greedy(r.params) for r in rows):
-            return SamplerOutput(logits.argmax(dim=-1).tolist(), [None] * n)
+            return SamplerOutput(greedy_argmax(logits).tolist(), [None] * n)
 
         params = [r.params for r in rows]
         greedy = [_is_greedy(p) for p in params]
@@ -110,7 +162,7 @@ class Sampler:
         if len(sample_idx) == n:
             tokens, processed = self._sample(logits, rows, sample_idx, need_processed)
         else:
-            tokens = logits.argmax(dim=-1)
+            tokens = greedy_argmax(logits)
             if sample_idx:
                 sampled, processed = self._sample(logits, rows, sample_idx, need_processed)
                 tokens[torch.tensor(sample_idx, device=tokens.device)] = sampled
@@ -186,22 +238,30 @@ class Sampler:
         device = logits.device
         vocab = logits.shape[1]
         ps = [rows[i].params for i in idx]
+        gens = [rows[i].generator for i in idx]
 
         # Inverse CDF needs one uniform per row. Seeded rows take theirs from
         # their own generator, so their draw does not depend on the batch.
-        u = torch.rand(len(idx), device=device)
-        for j, i in enumerate(idx):
-            g = rows[i].generator
-            if g is not None:
-                u[j] = torch.rand(1, generator=g, device=g.device).to(device)[0]
+        u = _uniforms(gens, device)
 
-        # Rows with top-k/top-p sample among their best tokens only (a partial
-        # sort); the others sample over the whole vocabulary.
+        # Rows without top-k that do not report processed logits (the usual case)
+        # take the fast path: temperature, min-p and top-p by rejection, in row
+        # chunks, never sorting. Rows with top-k sample among their k best tokens (a
+        # partial sort); processed-logprob rows keep the explicit-mask paths.
         ks = [p.top_k if 0 < p.top_k < vocab else vocab for p in ps]
-        truncated = [j for j, p in enumerate(ps) if ks[j] < vocab or p.top_p < 1.0]
-        plain = [j for j in range(len(idx)) if ks[j] >= vocab and ps[j].top_p >= 1.0]
+        fast = [j for j in range(len(idx)) if ks[j] >= vocab and not want_processed[j]]
+        fast_set = set(fast)
+        truncated = [j for j, p in enumerate(ps) if j not in fast_set and (ks[j] < vocab or p.top_p < 1.0)]
+        plain = [j for j in range(len(idx)) if j not in fast_set and ks[j] >= vocab and ps[j].top_p >= 1.0]
         picked = torch.empty(len(idx), dtype=torch.long, device=device)
         processed: Optional[list[Optional[torch.Tensor]]] = [None] * len(idx) if any(want_processed) else None
+        if fast:
+            g_u = u if len(fast) == len(idx) else u[torch.tensor(fast, device=device)]
+            tokens = _sample_nucleus(logits, [idx[j] for j in fast], [ps[j] for j in fast],
+                                     [gens[j] for j in fast], g_u)
+            if len(fast) == len(idx):
+                return tokens, processed
+            picked[torch.tensor(fast, device=device)] = tokens
         for group, fn in ((plain, _sample_full), (truncated, _sample_truncated)):
             if not group:
                 continue
@@ -362,6 +422,205 @@ def _sample_truncated(
             processed = torch.full_like(logits, float("-inf")).scatter_(1, order, vals)
         return tokens, processed
     raise AssertionError("unreachable: the full-vocabulary width always returns")
+
+
+def _uniforms(gens: list[Optional[torch.Generator]], device) -> torch.Tensor:
+    """One uniform in [0, 1) per row: seeded rows from their own generator, the
+    others from one batched draw of the global RNG."""
+    u = torch.rand(len(gens), device=device)
+    for j, g in enumerate(gens):
+        if g is not None:
+            u[j] = torch.rand(1, generator=g, device=g.device).to(device)[0]
+    return u
+
+
+# The fast path works on this many rows at a time on CPU: a chunk's temporaries
+# (rows x vocab floats) stay in cache and are reused by the allocator, where a
+# batch-sized temporary (256 x 49,152 floats = 50 MB) is a fresh mmap with page
+# faults on every step. On CUDA the whole group is one chunk.
+_CHUNK_ROWS = 8
+# Per-thread scratch for those chunks (three [chunk, vocab] float buffers), so a
+# step allocates no large tensor at all.
+_SCRATCH = threading.local()
+
+
+def _scratch(vocab: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    key = (vocab, str(device))
+    bufs = getattr(_SCRATCH, "bufs", None)
+    if bufs is None or bufs[0] != key:
+        bufs = (key, tuple(torch.empty(_CHUNK_ROWS, vocab, device=device, dtype=torch.float32) for _ in range(3)))
+        _SCRATCH.bufs = bufs
+    return bufs[1]
+# Rejection rounds before the rows still drawing fall back to the sorted path
+# (each round at least halves the candidate mass on average; never hit in tests).
+_MAX_ROUNDS = 12
+
+
+# On CPU the inverse CDF sums blocks of this many weights first (vectorised), then
+# scans only the block the uniform falls in: a full cumsum is a serial scan.
+_DRAW_BLOCK = 512
+
+
+def _draw_unnormalised(e: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inverse CDF over non-negative weights ``e`` in vocabulary order: per row, the
+    first token whose cumulative weight exceeds u x total (zero-weight tokens
+    never). Returns (tokens, totals).
+
+    On CPU (large rows) the cumulative weights are block sums plus a scan inside
+    the one block the target falls in; the same partition of [0, total) up to
+    rounding, a quarter of the work of a full-row cumsum."""
+    rows, vocab = e.shape
+    bk = _DRAW_BLOCK
+    if e.device.type != "cpu" or vocab < 4 * bk:
+        cdf = e.cumsum(dim=-1)
+        total = cdf[:, -1:].contiguous()
+        picked = torch.searchsorted(cdf, u[:, None] * total, right=True)
+        last = torch.searchsorted(cdf, total, right=False)
+        return torch.minimum(picked, last)[:, 0], total[:, 0]
+    nb = vocab // bk
+    sums = e[:, : nb * bk].view(rows, nb, bk).sum(dim=-1)
+    if nb * bk < vocab:
+        sums = torch.cat([sums, e[:, nb * bk :].sum(dim=-1, keepdim=True)], dim=1)
+    bcdf = sums.cumsum(dim=-1)
+    total = bcdf[:, -1:].contiguous()
+    target = u[:, None] * total
+    block = torch.minimum(torch.searchsorted(bcdf, target, right=True),
+                          torch.searchsorted(bcdf, total, right=False))  # a block with weight
+    before = torch.where(block > 0, bcdf.gather(1, (block - 1).clamp_(min=0)), torch.zeros_like(target))
+    start = block * bk
+    cols = start + torch.arange(bk, device=e.device)[None, :]
+    inside = e.gather(1, cols.clamp(max=vocab - 1)) * (cols < vocab)  # the short last block: zero past the end
+    icdf = inside.cumsum(dim=-1)
+    j = torch.minimum(torch.searchsorted(icdf, (target - before).contiguous(), right=True),
+                      torch.searchsorted(icdf, icdf[:, -1:].contiguous(), right=False))
+    return (start + j)[:, 0], total[:, 0]
+
+
+def _surely_in_nucleus(
+    e: torch.Tensor, tok: torch.Tensor, limit: torch.Tensor, scratch: Optional[tuple[torch.Tensor, torch.Tensor]] = None
+) -> torch.Tensor:
+    """Per row: True where the mass ranked before ``tok`` is certainly below
+    ``limit`` (False may still be inside: the exact test decides those).
+
+    Vectorised float passes only (comparisons into bool tensors are several times
+    slower on CPU): with d = e - e_tok, sum(relu(d)) = S_gt - e_tok n_gt, and
+    sum(sign(d)), sum(|sign(d)|) give the counts above, below and equal. The mass
+    before ``tok`` is at most S_gt + e_tok (n_eq - 1) (ties ranked by id); the
+    margin keeps rounding of these sums from deciding a borderline row."""
+    et = e.gather(1, tok[:, None])
+    if scratch is None:
+        d = e - et
+        sg = torch.sign(d)
+    else:
+        d = torch.sub(e, et, out=scratch[0][: e.shape[0]])
+        sg = torch.sign(d, out=scratch[1][: e.shape[0]])
+    diff = sg.sum(dim=-1)  # n_gt - n_lt
+    n_ne = sg.abs_().sum(dim=-1)  # n_gt + n_lt
+    relu = d.clamp_min_(0.0).sum(dim=-1)
+    n_gt = (n_ne + diff) * 0.5
+    n_eq = e.shape[1] - n_ne
+    bound = relu + et[:, 0] * (n_gt + n_eq - 1.0)
+    return bound < limit * (1.0 - 1e-4)
+
+
+def _mass_before(e: torch.Tensor, tok: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row: the weight of the tokens ranked before ``tok`` (larger weight, or
+    equal weight and a lower id) and a bool mask of those tokens."""
+    et = e.gather(1, tok[:, None])
+    ids = torch.arange(e.shape[1], device=e.device)[None, :]
+    before = (e > et) | ((e == et) & (ids < tok[:, None]))
+    return (e * before).sum(dim=-1), before
+
+
+def _sample_nucleus(
+    logits: torch.Tensor,
+    row_ids: list[int],
+    params: list[SamplingParams],
+    gens: list[Optional[torch.Generator]],
+    u: torch.Tensor,
+) -> torch.Tensor:
+    """Temperature, min-p and top-p for rows without top-k, without sorting.
+
+    Per row: e = exp(x - max) with x = logits / T (the unnormalised softmax);
+    min-p zeroes e < min_p (p < min_p x p_max). The top-p nucleus S is the
+    shortest run of tokens, in order of decreasing probability (equal ones by
+    token id), whose mass reaches top_p: a token is in S iff the mass ranked
+    before it is below top_p x total. Sampling from S by rejection: draw t from
+    the whole (min-p'd) distribution by inverse CDF with the row's uniform; keep
+    it if it is in S. Otherwise every token ranked at or after t is outside S, so
+    the next draw is from the tokens ranked before t only (FlashInfer's pivot);
+    since S lies inside that set, the accepted token is distributed exactly as
+    the min-p'd distribution restricted to S, renormalised. For top_p = 0.95 a
+    first draw is accepted with probability >= 0.95.
+
+    Cost: about six passes over each row (divide, max, exp, cumsum, the
+    membership test) instead of a sort of the vocabulary; seeded rows take every
+    uniform from their own generator, so their tokens still depend only on
+    their logits and seed.
+    """
+    device = logits.device
+    n, vocab = len(row_ids), logits.shape[1]
+    out = torch.empty(n, dtype=torch.long, device=device)
+    temp_all = torch.tensor([p.temperature for p in params], device=device, dtype=torch.float32)
+    top_p_all = torch.tensor([p.top_p for p in params], device=device, dtype=torch.float32)
+    min_p_all = torch.tensor([p.min_p for p in params], device=device, dtype=torch.float32)
+    any_min_p = any(p.min_p > 0.0 for p in params)
+    cpu = device.type == "cpu"
+    chunk = _CHUNK_ROWS if cpu else max(1, n)
+    scratch = _scratch(vocab, device) if cpu else None
+    contiguous = row_ids == list(range(row_ids[0], row_ids[0] + n))
+    retry: list[tuple[int, torch.Tensor, torch.Tensor, torch.Tensor]] = []  # (chunk start, rows, e, tokens)
+    for c0 in range(0, n, chunk):
+        c1 = min(n, c0 + chunk)
+        if contiguous:
+            x = logits[row_ids[c0] : row_ids[c0] + (c1 - c0)]
+        else:
+            x = logits.index_select(0, torch.tensor(row_ids[c0:c1], device=device))
+        # Into scratch (or a new tensor): the caller's logits are never modified.
+        t = temp_all[c0:c1, None]
+        if scratch is not None:
+            e = torch.div(x, t, out=scratch[0][: c1 - c0])
+        else:
+            e = x.float().div_(t) if x.dtype != torch.float32 else x / t
+        e.sub_(e.amax(dim=-1, keepdim=True)).exp_()
+        if any_min_p:
+            e.mul_(e >= min_p_all[c0:c1, None])  # the max is 1: drop p < min_p x p_max
+        cdf_tokens, total = _draw_unnormalised(e, u[c0:c1])
+        out[c0:c1] = cdf_tokens
+        top_p = top_p_all[c0:c1]
+        if not bool((top_p < 1.0).any()):
+            continue
+        # A cheap bound first; rows it cannot clear get the exact test below.
+        unsure = ~_surely_in_nucleus(e, cdf_tokens, top_p * total, scratch[1:] if scratch else None) & (top_p < 1.0)
+        if bool(unsure.any()):
+            rows = unsure.nonzero()[:, 0]
+            retry.append((c0, rows, e.index_select(0, rows), cdf_tokens.index_select(0, rows)))
+    if not retry:
+        return out
+    # Rows whose first draw may lie outside the nucleus: exact test, then pivoted redraws.
+    pos = torch.cat([c0 + rows for c0, rows, _, _ in retry])
+    e = torch.cat([er for _, _, er, _ in retry])
+    tok = torch.cat([t for _, _, _, t in retry])
+    limit = top_p_all.index_select(0, pos) * e.sum(dim=-1)
+    for _ in range(_MAX_ROUNDS):
+        before_mass, before = _mass_before(e, tok)
+        ok = before_mass < limit
+        out[pos] = tok  # rejected ones are overwritten below
+        if bool(ok.all()):
+            return out
+        keep = (~ok).nonzero()[:, 0]
+        pos, e, limit, before = pos[keep], e.index_select(0, keep), limit[keep], before.index_select(0, keep)
+        e.mul_(before)  # only tokens ranked before the rejected one remain candidates
+        pos_list = pos.tolist()
+        tok, _ = _draw_unnormalised(e, _uniforms([gens[j] for j in pos_list], device))
+    # Still drawing after _MAX_ROUNDS (a tiny top_p over a flat row): exact sorted path.
+    pos_list = pos.tolist()
+    sub = logits.index_select(0, torch.tensor([row_ids[j] for j in pos_list], device=device)).float()
+    sub = sub / temp_all.index_select(0, pos)[:, None]
+    tokens, _ = _sample_truncated(sub, [params[j] for j in pos_list], _uniforms([gens[j] for j in pos_list], device), False)
+    out[pos] = tokens
+    return out
+
 
 
 def _flat_ids(rows: list[tuple[int, list[int]]], vocab: int, device) -> torch.Tensor:

@@ -336,3 +336,34 @@ def test_engine_text_is_exact_with_a_byte_fallback_tokenizer(sp_bytes_tok, tmp_p
                     last = d
             assert "".join(shown) == full[: full.index(stop)] and last.finish_reason == "stop"
     assert seen_bytes > 100  # the case this test is about did happen
+
+
+# ------------------------------------------------ byte mode (ByteLevel decoders)
+def test_incomplete_tail_cut_never_changes_with_what_follows():
+    """Bytes before the cut decode (with U+FFFD) exactly as they will in any longer
+    text; the held tail is at most 3 bytes and is the start of a valid character."""
+    from gpuworker.engine.detokenizer import _incomplete_tail
+
+    rng = random.Random(3)
+    alphabet = [0x41, 0x80, 0x8F, 0x90, 0x9F, 0xA0, 0xBF, 0xC0, 0xC2, 0xDF, 0xE0, 0xE2, 0xED, 0xEF, 0xF0, 0xF4, 0xF5, 0xFF]
+    for _ in range(20_000):
+        buf = bytes(rng.choice(alphabet) for _ in range(rng.randint(0, 7)))
+        more = bytes(rng.choice(alphabet) for _ in range(rng.randint(0, 5)))
+        cut = len(buf) - _incomplete_tail(buf)
+        head = buf[:cut].decode("utf-8", "replace")
+        assert (buf + more).decode("utf-8", "replace").startswith(head), (buf, more)
+        if cut < len(buf):  # held: some continuation completes it into one character
+            tail = buf[cut:]
+            assert any(len((tail + bytes([c] * k)).decode("utf-8", "replace")) == 1
+                       for c in (0x80, 0x90, 0xA0) for k in range(1, 4)), tail
+
+
+def test_smollm2_uses_byte_mode(smol_tok):
+    from gpuworker.engine.detokenizer import byte_level_table
+
+    table = byte_level_table(smol_tok)
+    assert table is not None
+    ids = smol_tok.encode("Hello wörld 😀 中文")
+    d = IncrementalDetokenizer(smol_tok, [], SamplingParams())
+    shown = "".join(d.update_one(t)[0] for t in ids) + d.flush()
+    assert shown == smol_tok.decode(ids, skip_special_tokens=True)

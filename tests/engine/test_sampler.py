@@ -311,3 +311,131 @@ def test_draw_never_lands_on_a_zero_probability_token():
     for u in (0.0, 0.5, 1.0 - 1e-7, 1.0):
         picked = _draw(logits, torch.tensor([u, u])).tolist()
         assert picked[0] in (0, 1) and picked[1] in (1, 2)
+
+
+# ------------------------------------------------------------ blocked argmax
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("vocab", [7, 1024, 1025, 1536, 49152, 50_003])
+def test_greedy_argmax_equals_argmax_ties_included(dtype, vocab):
+    from gpuworker.engine.sampler import greedy_argmax
+
+    g = torch.Generator().manual_seed(vocab)
+    x = (torch.randn(40, vocab, generator=g) * 0.3).to(dtype)  # low precision: many ties
+    x[0] = 1.0  # every logit tied: index 0
+    x[1, -1] = 50.0  # the maximum in the short last block
+    x[2, -3:] = 50.0  # tied maxima inside the last block
+    x[3, 5] = x[3, vocab // 2] = x[3, -1] = 60.0  # tied maxima in different blocks
+    got = greedy_argmax(x)
+    assert got.tolist() == x.argmax(dim=-1).tolist() == x.max(dim=-1).indices.tolist()
+    assert got.dtype == torch.long
+    assert greedy_argmax(x[3:4]).tolist() == x[3:4].argmax(dim=-1).tolist()  # the one-row path
+
+
+def test_greedy_argmax_on_a_column_slice_and_nan_rows():
+    from gpuworker.engine.sampler import greedy_argmax
+
+    x = torch.randn(6, 4000, generator=torch.Generator().manual_seed(1))
+    x[2, 1234] = float("nan")
+    view = x[:, :3000]  # rows not contiguous in memory
+    assert greedy_argmax(view).tolist() == view.argmax(dim=-1).tolist()
+    assert greedy_argmax(view)[2] == 1234
+
+
+# ---------------------------------------------- top-p by rejection (no sorting)
+def test_nucleus_of_three_in_a_flat_row_needs_many_pivots_and_stays_exact(monkeypatch):
+    """Top-p keeping 3 of 6,000 nearly equal tokens: most first draws are rejected,
+    the pivoted redraws (and, with no rounds allowed, the sorted fallback) must give
+    the renormalised three-token distribution."""
+    import gpuworker.engine.sampler as smp
+
+    vocab = 6000
+    logits = -torch.arange(vocab, dtype=torch.float64) * 1e-4
+    probs = torch.softmax(logits, -1)
+    top_p = float(probs[:2].sum() + probs[2] / 2)  # exactly three tokens kept
+    expected = torch.zeros(vocab, dtype=torch.float64)
+    expected[:3] = probs[:3] / probs[:3].sum()
+    batch = logits.float().expand(1500, -1).contiguous()
+    for rounds in (smp._MAX_ROUNDS, 0):
+        monkeypatch.setattr(smp, "_MAX_ROUNDS", rounds)
+        torch.manual_seed(21)
+        tokens = sampler(batch, [row(temperature=1.0, top_p=top_p)] * 1500).token_ids
+        assert set(tokens) <= {0, 1, 2}
+        assert_frequencies(tokens, expected)
+
+
+def test_nucleus_ties_are_ranked_by_token_id():
+    # Token 0 holds ~0.46; tokens 1..4 are tied at ~0.135. top_p = 0.55 keeps token 0
+    # and exactly one tied token: the lowest id.
+    logits = torch.tensor([2.0, 0.77, 0.77, 0.77, 0.77, -9.0, -9.0])
+    probs = torch.softmax(logits.double(), -1)
+    assert probs[0] < 0.55 < probs[0] + probs[1]
+    tokens = draw_many(logits, temperature=1.0, top_p=0.55)
+    assert set(tokens) == {0, 1}
+    expected = torch.zeros(7, dtype=torch.float64)
+    expected[:2] = probs[:2] / probs[:2].sum()
+    assert_frequencies(tokens, expected)
+
+
+def test_nucleus_with_min_p_and_temperature_over_a_large_vocabulary():
+    """Chunked fast path with the block-wise inverse CDF (vocab > 4 blocks) against
+    a float64 reference: temperature, then min-p, then top-p."""
+    vocab = 3000
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(vocab, generator=g, dtype=torch.float64) * 2
+    t, min_p, top_p = 0.7, 0.01, 0.8
+    x = logits / t
+    p = torch.softmax(x, -1)
+    x = x.masked_fill(p < min_p * p.max(), float("-inf"))
+    p = torch.softmax(x, -1)
+    vals, order = p.sort(descending=True)
+    keep = (vals.cumsum(-1) - vals) < top_p
+    ref = torch.zeros(vocab, dtype=torch.float64)
+    ref[order[keep]] = vals[keep]
+    ref /= ref.sum()
+    torch.manual_seed(4)
+    n = 10_000
+    tokens = sampler(logits.float().expand(n, -1).contiguous(),
+                     [row(temperature=t, min_p=min_p, top_p=top_p)] * n).token_ids
+    assert float(ref[tokens].min()) > 0  # nothing outside the kept set
+    got = counts_of(tokens, vocab) / n
+    bound = 4 * 0.5 * float(torch.sqrt(ref * (1 - ref) / n).sum())
+    assert 0.5 * float((got - ref).abs().sum()) <= bound
+
+
+def test_block_draw_equals_a_full_cumsum_draw():
+    from gpuworker.engine.sampler import _draw_unnormalised
+
+    g = torch.Generator().manual_seed(8)
+    for vocab in (2048, 2049, 5000):
+        e = torch.rand(64, vocab, generator=g, dtype=torch.float64)
+        e[e < 0.3] = 0.0  # zero-weight tokens must never come out
+        e[0, : vocab - 1] = 0.0  # only the very last token has weight
+        u = torch.rand(64, generator=g, dtype=torch.float64)
+        u[1], u[2] = 0.0, 1.0 - 1e-12
+        tok, total = _draw_unnormalised(e, u)
+        cdf = e.cumsum(-1)
+        ref = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True)[:, 0]
+        assert torch.equal(tok, torch.minimum(ref, torch.tensor(vocab - 1)))
+        assert bool((e.gather(1, tok[:, None]) > 0).all())
+        assert torch.allclose(total, cdf[:, -1])
+
+
+@pytest.mark.parametrize("top_p", [0.9, 0.3])
+def test_seeded_top_p_row_independent_of_neighbours_and_rejections(top_p):
+    """A seeded top-p row draws the same tokens whatever its neighbours, even when
+    its first draws are rejected (extra uniforms come from its own generator)."""
+    def run(neighbours: int, position: int) -> list[int]:
+        gen = make_generator(11)
+        got = []
+        for step in range(25):
+            logits = random_logits(neighbours + 1, vocab=2500, seed=500 + step) * 0.05  # flat: many rejections
+            logits[position] = random_logits(1, vocab=2500, seed=step)[0] * 0.05
+            rows = [row(temperature=1.0, top_p=0.5, top_k=(7 if k % 3 == 0 else -1)) for k in range(neighbours)]
+            rows.insert(position, row(temperature=1.0, top_p=top_p, seed=11, generator=gen))
+            got.append(sampler(logits, rows).token_ids[position])
+        return got
+
+    alone = run(0, 0)
+    assert run(20, 13) == alone  # more than one chunk, mixed with top-k rows
+    torch.manual_seed(3)
+    assert run(3, 1) == alone
