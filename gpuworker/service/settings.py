@@ -49,6 +49,7 @@ class WorkerSettings(QueuePolicy):
     max_model_len: Optional[int] = Field(_engine_default("max_model_len"), ge=2, description="cap on prompt + output tokens")
     device: Optional[str] = Field(_engine_default("device"), description="cpu | cuda | cuda:N")
     dtype: Optional[str] = Field(_engine_default("dtype"), description="auto (default: bfloat16 on CUDA or a CPU with AVX512-BF16/AMX, else float32) | float32 | bfloat16 | float16")
+    torch_threads: Optional[int] = Field(None, ge=1, description="CPU compute threads (default: $OMP_NUM_THREADS, else all cores but one, left to the queue and reply work as vLLM leaves one to its front end)")
 
     # Queue behaviour
     worker_id: str = Field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}", description="stable consumer name (default host-pid)")

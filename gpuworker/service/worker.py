@@ -2,6 +2,8 @@
 down gracefully (stop reading, drain up to a timeout, hand back the rest)."""
 from __future__ import annotations
 
+import os
+
 import copy
 import queue
 import signal
@@ -27,7 +29,25 @@ from gpuworker.service.state import InFlight
 def build_engine(s: WorkerSettings):
     from gpuworker.engine.llm_engine import LLMEngine
 
+    set_cpu_threads(s)
     return LLMEngine(s.engine_config())
+
+
+def set_cpu_threads(s: WorkerSettings) -> int:
+    """torch's CPU threads for the engine, set before it loads (its kernel choices read
+    them: the single-threaded C kernels run only at one thread). With 2 cores that is 1:
+    the other core runs intake, publishing and Redis instead of fighting the forward."""
+    import torch
+
+    n = s.torch_threads
+    if n is None:
+        env = os.environ.get("OMP_NUM_THREADS", "")
+        n = int(env) if env.isdigit() and int(env) > 0 else max(1, (os.cpu_count() or 1) - 1)
+    on_gpu = (s.device or "").startswith("cuda") or (s.device is None and torch.cuda.is_available())
+    if not on_gpu:
+        torch.set_num_threads(n)
+        get_logger().info("cpu_threads", torch_threads=n)
+    return n
 
 
 class Worker:

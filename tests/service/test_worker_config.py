@@ -83,3 +83,23 @@ def test_every_setting_is_a_flag_and_engine_knobs_map_one_to_one(monkeypatch):
     cfg = _settings(["--max-num-batched-tokens", "512", "--block-size", "32"]).engine_config()
     assert (cfg.max_num_batched_tokens, cfg.block_size, cfg.scheduling_policy) == (512, 32, "priority")
     assert WorkerSettings().max_num_seqs == EngineConfig().max_num_seqs  # one default per knob
+
+
+def test_cpu_threads_leave_one_core_to_the_queue_work(monkeypatch):
+    import os
+
+    import torch
+
+    from gpuworker.service.worker import set_cpu_threads
+
+    before = torch.get_num_threads()
+    try:
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+        assert set_cpu_threads(WorkerSettings(device="cpu")) == max(1, (os.cpu_count() or 1) - 1)
+        assert torch.get_num_threads() == max(1, (os.cpu_count() or 1) - 1)
+        monkeypatch.setenv("OMP_NUM_THREADS", "3")
+        assert set_cpu_threads(WorkerSettings(device="cpu")) == 3 == torch.get_num_threads()
+        s = _settings(["--torch-threads", "1", "--device", "cpu"])
+        assert s.torch_threads == 1 and set_cpu_threads(s) == 1 == torch.get_num_threads()
+    finally:
+        torch.set_num_threads(before)
