@@ -1,0 +1,68 @@
+#!/usr/bin/env python3
+"""Micro-benchmark of decode-sized CPU matmuls: SmolLM2-135M's 30 layers of projections
+(qkv, o, gate_up, down, 30 distinct weights each so nothing stays cached) plus its LM
+head, one torch thread, through our kernels (gpuworker/models/cpu_linear.py), oneDNN's
+prepacked weights (bf16) and F.linear. Medians of 5 passes.
+
+    python scripts/bench_cpu_matmul.py [--dtype bfloat16|float32] [--rows 1,8,32,64]
+"""
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from gpuworker.models import cpu_linear  # noqa: E402
+
+SHAPES = {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down": (576, 1536), "lm_head": (49152, 576)}
+
+
+def median_s(fn, n=5) -> float:
+    fn()
+    out = []
+    for _ in range(n):
+        t = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t)
+    return statistics.median(out)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    ap.add_argument("--rows", default="1,8,32,64")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    dt = getattr(torch, args.dtype)
+    lib = cpu_linear.load()
+    weights = {name: [torch.randn(n, k).to(dt) for _ in range(1 if name == "lm_head" else 30)]
+               for name, (n, k) in SHAPES.items()}
+    gb = sum(w.numel() * w.element_size() for ws in weights.values() for w in ws) / 1e9
+    systems = {"F.linear": lambda x, w: F.linear(x, w)}
+    packs = {}
+    if lib is not None and all(cpu_linear.can_pack(lib, w) for ws in weights.values() for w in ws):
+        packs["ours"] = {id(w): cpu_linear.PackedWeight(lib, w) for ws in weights.values() for w in ws}
+        systems["ours"] = lambda x, w: packs["ours"][id(w)](x, None)
+    if dt == torch.bfloat16 and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"):
+        packs["onednn"] = {id(w): torch.ops.mkldnn._reorder_linear_weight(w, 32) for ws in weights.values() for w in ws}
+        systems["oneDNN prepacked"] = lambda x, w: torch.ops.mkldnn._linear_pointwise(
+            x, packs["onednn"][id(w)], None, "none", [], "")
+    print(f"{args.dtype}, weights {gb * 1e3:.0f} MB, 1 thread; ms per pass (GB/s of weights read)")
+    print("| rows | " + " | ".join(systems) + " |")
+    print("| ---: |" + " ---: |" * len(systems))
+    for rows in (int(r) for r in args.rows.split(",")):
+        xs = {k: torch.randn(rows, k).to(dt) for k in {k for _, k in SHAPES.values()}}
+        cells = []
+        for fn in systems.values():
+            s = median_s(lambda: [fn(xs[w.shape[1]], w) for ws in weights.values() for w in ws])
+            cells.append(f"{s * 1e3:.1f} ({gb / s:.1f})")
+        print(f"| {rows} | " + " | ".join(cells) + " |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
