@@ -196,8 +196,11 @@ _FLAGS = ["-O3", "-march=native", "-mamx-tile", "-mamx-bf16", "-mavx512bf16", "-
 _lock = threading.Lock()
 _loaded: "ctypes.CDLL | None | bool" = False  # False = not tried yet
 
-# Rows up to which each kernel beats torch (above: F.linear).
+# Rows up to which each kernel beats torch (above: F.linear, or the oneDNN packing kept beside).
 MAX_ROWS = {torch.bfloat16: 32, torch.float32: 64}
+# bf16 models with at most this many bytes of matmul weights also keep oneDNN's packing
+# for larger batches (one more copy of the weights; ~1.2x F.linear at 64-256 rows).
+KEEP_ONEDNN_BYTES = 2 << 30
 
 
 def load() -> ctypes.CDLL | None:
@@ -238,11 +241,12 @@ def can_pack(lib: ctypes.CDLL, weight: torch.Tensor) -> bool:
 class PackedWeight:
     """One weight packed for its kernel; ``applies(x)`` says whether a call may use it."""
 
-    def __init__(self, lib: ctypes.CDLL, weight: torch.Tensor) -> None:
+    def __init__(self, lib: ctypes.CDLL, weight: torch.Tensor, larger: torch.Tensor | None = None) -> None:
         if not can_pack(lib, weight):
             raise ValueError(f"no CPU kernel for a {weight.dtype} weight of shape {tuple(weight.shape)} "
                              "(needs multiples of 32; bf16 needs AMX)")
         self.lib = lib
+        self.larger = larger  # oneDNN's packing of the same weight for batches past max_rows, or None
         self.dtype = weight.dtype
         self.n, self.k = weight.shape
         self.max_rows = MAX_ROWS[self.dtype]

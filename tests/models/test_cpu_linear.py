@@ -77,15 +77,18 @@ def test_larger_batches_and_other_shapes_stay_on_torch(lib):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_model_with_packed_weights_matches_the_plain_model(lib, dtype, tmp_path):
     """A tiny Llama through mixed prefill/decode steps: packed weights (decode-sized
-    steps) and F.linear (larger ones) against the plain model."""
+    steps) and oneDNN (bf16) or F.linear (fp32) for larger ones, against the plain model."""
     _dtype_or_skip(lib, dtype)
     folder = save_tiny_model("llama", tmp_path / "m")
     plain = load_model(str(folder), dtype=dtype)
     seqs = sequences(plain.tokenizer)
     want = run_chunked(plain.model, seqs)
     packed = load_model(str(folder), dtype=dtype)
-    assert packed.model.prepack_cpu_weights() == ("amx" if dtype == torch.bfloat16 else "avx512")
-    assert isinstance(packed.model.layers[0].packed["qkv"], cpu_linear.PackedWeight)
+    # bf16: a small model keeps oneDNN's packing beside, for the steps past 32 rows
+    assert packed.model.prepack_cpu_weights() == ("amx+onednn" if dtype == torch.bfloat16 else "avx512")
+    qkv = packed.model.layers[0].packed["qkv"]
+    assert isinstance(qkv, cpu_linear.PackedWeight)
+    assert (qkv.larger is not None) == (dtype == torch.bfloat16)
     for a, b in zip(run_chunked(packed.model, seqs), want):
         if dtype == torch.bfloat16:
             assert torch.equal(a, b) or (a - b).abs().max().item() < 0.05 * b.abs().max().item()
