@@ -292,20 +292,21 @@ class LlamaForCausalLM(nn.Module):
             return None
         weights = lambda l: {"qkv": l.qkv_proj, "o": l.o_proj, "gate_up": l.gate_up_proj,  # noqa: E731
                              "down": l.down_proj}
-        onednn = self._onednn_packs(weights, batch_hint) if self.dtype == torch.bfloat16 else None
+        bf16 = self.dtype == torch.bfloat16
         lib = cpu_linear.load() if kernels and torch.get_num_threads() == 1 else None
         if lib is not None and all(cpu_linear.can_pack(lib, w) for l in self.layers for w in weights(l).values()):
             # Mixed steps (a prompt chunk + decodes, 33-2,048 rows) run ~1.2x faster on
-            # oneDNN's packing than on F.linear: small models keep both packings.
+            # oneDNN's packing than on F.linear: small bf16 models keep both packings.
             nbytes = sum(w.numel() * w.element_size() for l in self.layers for w in weights(l).values())
-            keep = onednn is not None and nbytes <= cpu_linear.KEEP_ONEDNN_BYTES
+            onednn = self._onednn_packs(weights, batch_hint) if bf16 and nbytes <= cpu_linear.KEEP_ONEDNN_BYTES else None
             for i, layer in enumerate(self.layers):
-                layer.packed = {name: PackedWeight(lib, w, onednn[0][i][name] if keep else None)
+                layer.packed = {name: PackedWeight(lib, w, onednn[0][i][name] if onednn else None)
                                 for name, w in weights(layer).items()}
             if cpu_linear.can_pack(lib, self.lm_head):
-                self.packed_lm_head = PackedWeight(lib, self.lm_head, onednn[1] if keep else None)
-            kind = "amx" if self.dtype == torch.bfloat16 else "avx512"
-            return kind + "+onednn" if keep else kind
+                self.packed_lm_head = PackedWeight(lib, self.lm_head, onednn[1] if onednn else None)
+            kind = "amx" if bf16 else "avx512"
+            return kind + "+onednn" if onednn else kind
+        onednn = self._onednn_packs(weights, batch_hint) if bf16 else None
         if onednn is None:
             return None
         for layer, packs in zip(self.layers, onednn[0]):

@@ -20,7 +20,7 @@ import random
 
 import pytest
 
-from gpuworker.engine.detokenizer import IncrementalDetokenizer, byte_fallback_ids
+from gpuworker.engine.detokenizer import IncrementalDetokenizer, _gpt2_byte_decoder, byte_fallback_ids
 from schemas import SamplingParams
 from tests.engine.stop_reference import first_stop, longest_stop_prefix_tail
 
@@ -166,14 +166,7 @@ def test_byte_fallback_fuzz(sp_bytes_tok):
 # -------------------------------------------------------------- byte-level BPE
 def byte_level_tokens(tok) -> dict[int, int]:
     """byte -> the id of its single-byte token (GPT-2's bytes_to_unicode alphabet)."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs, n = bs[:], 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    ids = {b: tok.convert_tokens_to_ids(chr(c)) for b, c in zip(bs, cs)}
+    ids = {b: tok.convert_tokens_to_ids(ch) for ch, b in _gpt2_byte_decoder().items()}
     # A trained vocabulary may lack bytes that never occur in UTF-8 (0xC0, 0xC1, 0xF5..0xFF).
     return {b: i for b, i in ids.items() if i is not None and (tok.unk_token_id is None or i != tok.unk_token_id)}
 
