@@ -65,6 +65,10 @@ class KVCacheManager:
         """Give ``req`` room for ``num_new_tokens`` more tokens after its computed
         ones (plus any prefix-hit blocks). Returns False, changing nothing, when
         the pool cannot supply the blocks."""
+        if not computed_blocks:  # the common decode case: the last block still has room
+            ids = self.req_block_ids.get(req.request_id)
+            if ids is not None and req.num_computed_tokens + num_new_tokens <= len(ids) * self.block_size:
+                return True
         computed_blocks = computed_blocks or []
         blocks = self.req_blocks.setdefault(req.request_id, [])
         ids = self.req_block_ids.setdefault(req.request_id, [])

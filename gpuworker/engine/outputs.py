@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 
-@dataclass
+@dataclass(slots=True)
 class RequestDelta:
     """New output of one request from one ``step()``.
 

@@ -5,6 +5,7 @@ import enum
 import time
 from typing import Optional
 
+from gpuworker.engine.sampler import _is_plain_greedy
 from schemas import SamplingParams
 
 
@@ -41,6 +42,15 @@ class Request:
         self.arrival_time = time.time() if arrival_time is None else arrival_time
         self.deadline = deadline
         self.eos_token_ids = eos_token_ids
+        # Greedy, no logprobs, no penalties: the model runner's argmax fast path.
+        # Worked out once here, not per step.
+        self.plain_greedy = _is_plain_greedy(params)
+        # Token ids that may end the request (stop tokens, plus EOS unless ignored):
+        # one set test per sampled token instead of two reads of the params.
+        self.finishing_token_ids = frozenset(params.stop_token_ids or ()) | (
+            frozenset() if params.ignore_eos else frozenset(eos_token_ids))
+        self.wants_logprobs = params.logprobs is not None
+        self.max_tokens = params.max_tokens
 
         self.all_token_ids: list[int] = list(prompt_token_ids)
         self.output_token_ids: list[int] = []

@@ -26,17 +26,22 @@ from gpuworker.engine.kv_cache_manager import KVCacheManager
 from gpuworker.engine.request import Request, RequestStatus
 
 
-@dataclass
 class ScheduledRequest:
-    request: Request
-    num_new_tokens: int
-    # Tokens computed before this step (prefix hits included).
-    num_computed_before: int
+    """One request's share of a step. A plain slotted class: the scheduler makes
+    one per running request per step (256 at batch 256)."""
 
-    @property
-    def samples(self) -> bool:
-        """Reaches the end of its known tokens this step, so it samples one more."""
-        return self.num_computed_before + self.num_new_tokens == self.request.num_tokens
+    __slots__ = ("request", "num_new_tokens", "num_computed_before", "samples")
+
+    def __init__(self, request: Request, num_new_tokens: int, num_computed_before: int):
+        self.request = request
+        self.num_new_tokens = num_new_tokens
+        # Tokens computed before this step (prefix hits included).
+        self.num_computed_before = num_computed_before
+        # Reaches the end of its known tokens this step, so it samples one more.
+        self.samples = num_computed_before + num_new_tokens == len(request.all_token_ids)
+
+    def __repr__(self) -> str:
+        return f"ScheduledRequest({self.request.request_id!r}, new={self.num_new_tokens}, before={self.num_computed_before})"
 
 
 @dataclass
@@ -132,23 +137,27 @@ class Scheduler:
         scheduled: dict[str, ScheduledRequest] = {}
 
         # 1. Running requests, in order: decodes and continuing prefill chunks.
+        # (Runs once per running request per step: locals instead of attribute lookups.)
+        running, kv, chunked, RUNNING = self.running, self.kv, self.enable_chunked_prefill, RequestStatus.RUNNING
         i = 0
-        while i < len(self.running) and budget > 0:
-            req = self.running[i]
-            num_new = min(req.num_tokens - req.num_computed_tokens, budget)
-            if not self.enable_chunked_prefill and num_new < req.num_tokens - req.num_computed_tokens:
+        while i < len(running) and budget > 0:
+            req = running[i]
+            computed = req.num_computed_tokens
+            left = len(req.all_token_ids) - computed
+            num_new = left if left < budget else budget
+            if not chunked and num_new < left:
                 i += 1
                 continue
-            while not self.kv.allocate_slots(req, num_new):
+            while not kv.allocate_slots(req, num_new):
                 victim = self._pick_victim()
-                if self.running.index(victim) < i:
+                if running.index(victim) < i:
                     i -= 1  # an earlier (already scheduled) request leaves the list
                 budget += self._preempt(victim, scheduled, out)
                 if victim is req:
                     break
-            if req.status is not RequestStatus.RUNNING:
+            if req.status is not RUNNING:
                 continue  # req preempted itself; running[i] is now the next one
-            scheduled[req.request_id] = ScheduledRequest(req, num_new, req.num_computed_tokens)
+            scheduled[req.request_id] = ScheduledRequest(req, num_new, computed)
             budget -= num_new
             i += 1
 
