@@ -52,21 +52,67 @@ def make_tiny_model(folder: Path, seed: int = 0) -> Path:
     return folder
 
 
-def measure(llm, batch: int, prompt_len: int, steps: int, sampling: bool, seed: int = 0) -> dict:
+# --penalties: what chat front ends commonly send (repetition as in HF/vLLM, OpenAI's two).
+PENALTIES = dict(repetition_penalty=1.1, frequency_penalty=0.2, presence_penalty=0.2)
+
+
+class StandInModel:
+    """``--host-only``: the model replaced by a stand-in that costs nothing and
+    touches little memory, so the columns show the host's work as a GPU host would
+    see it (there the forward runs on the device and leaves the CPU's caches alone;
+    here a real forward on the same core evicts them, and the host columns pay
+    that too). Logits are overlapping views of one small buffer, row i peaking at
+    token ``_PEAK - 97 i``: greedy picks ordinary tokens, so the detokenizer and
+    the stop checks do their usual work."""
+
+    _PEAK, _STRIDE = 40_000, 97
+
+    def __init__(self, vocab: int, max_rows: int):
+        if self._PEAK - self._STRIDE * (max_rows - 1) < 0 or self._PEAK >= vocab:
+            raise ValueError(f"--host-only needs a vocabulary over {self._PEAK} tokens and at most "
+                             f"{self._PEAK // self._STRIDE + 1} rows")
+        self.vocab = vocab
+        self.buf = torch.zeros(vocab + self._STRIDE * max_rows)
+        self.buf[self._PEAK] = 1.0
+
+    def __call__(self, ids, positions, kv_caches, meta):
+        return torch.zeros(ids.shape[0], 1)
+
+    def lm_logits(self, hidden):
+        return self.buf.as_strided((hidden.shape[0], self.vocab), (self._STRIDE, 1))
+
+    def compute_logits(self, hidden):  # the sampling path wants contiguous fp32 rows
+        return self.lm_logits(hidden).contiguous()
+
+
+def prefill_steps(batch: int, prompt_len: int, budget: int) -> int:
+    return -(-batch * prompt_len // budget) + 1
+
+
+def measure(llm, batch: int, prompt_len: int, steps: int, sampling: bool, seed: int = 0,
+            penalties: bool = False) -> dict:
     from schemas import SamplingParams
 
     eng = llm.engine
     rng = random.Random(seed)
     vocab = eng.model_config.vocab_size
-    params = (SamplingParams(max_tokens=steps + 8, temperature=0.8, top_p=0.95, ignore_eos=True)
-              if sampling else SamplingParams(max_tokens=steps + 8, temperature=0, ignore_eos=True))
+    extra = PENALTIES if penalties else {}
+    # Early requests decode while later prompts prefill: room for that, so that all
+    # `batch` requests are still running through the measured steps.
+    max_tokens = steps + 8 + prefill_steps(batch, prompt_len, eng.scheduler.max_num_batched_tokens)
+    params = (SamplingParams(max_tokens=max_tokens, temperature=0.8, top_p=0.95, ignore_eos=True, **extra)
+              if sampling else SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True, **extra))
     for i in range(batch):
         eng.add_request(f"s{batch}-{i}", [rng.randrange(1000, vocab) for _ in range(prompt_len)], params)
-    # Prefill until every request is decoding.
+    # Prefill until every request is decoding (with the real model: the KV cache
+    # holds real values whatever the measured steps then run).
+    model = eng.runner.model
+    eng.runner.model = getattr(model, "real_model", model)
     while eng.scheduler.num_waiting or any(
         r.num_computed_tokens < r.num_tokens - 1 for r in eng.requests.values()
     ):
         eng.step()
+    eng.runner.model = model
     rows = []
     for _ in range(steps):
         eng.step()
@@ -89,6 +135,11 @@ def parse_args(argv=None):
     p.add_argument("--prompt-len", type=int, default=128)
     p.add_argument("--steps", type=int, default=50)
     p.add_argument("--sampling", action="store_true", help="temperature 0.8, top-p 0.95 instead of greedy")
+    p.add_argument("--host-only", action="store_true",
+                   help="decode steps with a stand-in for the model (no compute, little memory): the host's "
+                        "work alone, as on a GPU box")
+    p.add_argument("--penalties", action="store_true",
+                   help="every request also asks for repetition 1.1, frequency 0.2 and presence 0.2 penalties")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--dtype", default="float32")
     p.add_argument("--device", default=None)
@@ -105,16 +156,24 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="inferq-step-") as tmp:
         model = args.model or str(make_tiny_model(Path(tmp) / "tiny"))
         biggest = max(sizes)
-        blocks_per_seq = -(-(args.prompt_len + args.steps + 16) // 16)
+        budget = max(2048, biggest)
+        blocks_per_seq = -(-(args.prompt_len + args.steps + 16 + prefill_steps(biggest, args.prompt_len, budget)) // 16)
         llm = LLM(model=model, dtype=args.dtype, device=args.device, max_num_seqs=biggest,
-                  max_num_batched_tokens=max(2048, biggest), num_kv_blocks=biggest * blocks_per_seq + 16,
+                  max_num_batched_tokens=budget, num_kv_blocks=biggest * blocks_per_seq + 16,
                   enable_prefix_caching=False)
-        measure(llm, min(sizes), args.prompt_len, 5, args.sampling)  # warm-up
-        results = [measure(llm, b, args.prompt_len, args.steps, args.sampling) for b in sizes]
+        if args.host_only:
+            stand_in = StandInModel(llm.engine.model_config.vocab_size, biggest)
+            stand_in.real_model = llm.engine.runner.model
+            llm.engine.runner.model = stand_in
+        measure(llm, min(sizes), args.prompt_len, 5, args.sampling, penalties=args.penalties)  # warm-up
+        results = [measure(llm, b, args.prompt_len, args.steps, args.sampling, penalties=args.penalties)
+                   for b in sizes]
     eng = llm.engine
     print(f"decode steps on {'a tiny random Llama (2 layers, hidden 64)' if not args.model else args.model}, "
           f"{eng.device}, {eng.dtype}, {args.threads} thread(s), prompt {args.prompt_len}, "
-          f"{'sampling (T=0.8, top-p 0.95)' if args.sampling else 'greedy'}; medians of {args.steps} steps")
+          f"{'sampling (T=0.8, top-p 0.95)' if args.sampling else 'greedy'}"
+          f"{' with repetition/frequency/presence penalties' if args.penalties else ''}; medians of {args.steps} steps"
+          f"{'; HOST ONLY: the model is a stand-in (forward and sample columns are not model compute)' if args.host_only else ''}")
     print()
     print("| batch | schedule ms | prepare ms | forward ms | sample ms | output+detok ms | host excl. forward ms | blocking syncs/step |")
     print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")

@@ -231,6 +231,11 @@ _CLEANUP_REACH = max(len(p) for p in _CLEANUP_PREFIXES)
 
 
 class IncrementalDetokenizer:
+    # Slotted: the engine calls one of these per running request every step.
+    __slots__ = ("_decode", "_skipped", "_byte_ids", "_tok_bytes", "_tok_text", "_pending", "_held_fffd",
+                 "_cleanup", "_raw_pending", "_raw_ctx", "stop_strings", "_max_stop", "_ids", "_prefix",
+                 "_window_shown", "_pieces", "_num_chars", "_tail", "_shown", "_final", "stop_hit", "_flushed")
+
     def __init__(self, tokenizer, prompt_token_ids: list[int], params: SamplingParams):
         # prompt_token_ids is accepted for the engine's convenience; the text is
         # decoded from the output ids alone (see the module docstring).

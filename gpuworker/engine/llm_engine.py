@@ -17,6 +17,7 @@ from gpuworker.engine.detokenizer import IncrementalDetokenizer
 from gpuworker.engine.kv_cache_manager import KVCacheManager
 from gpuworker.engine.model_runner import ModelRunner
 from gpuworker.engine.outputs import EngineStats, RequestDelta
+from gpuworker.engine.penalty_tokens import PenaltyTokens
 from gpuworker.engine.request import Request, RequestStatus
 from gpuworker.engine.sampler import make_generator
 from gpuworker.engine.scheduler import Scheduler
@@ -144,6 +145,9 @@ class LLMEngine:
         req = Request(request_id, prompt_token_ids, params, priority, arrival_time, deadline, self.eos_token_ids)
         req.generator = make_generator(params.seed, self.device)
         req.detokenizer = IncrementalDetokenizer(self.tokenizer, req.prompt_token_ids, params)
+        if params.uses_penalties:
+            req.penalty_tokens = PenaltyTokens(req.prompt_token_ids, self.model_config.vocab_size, self.device,
+                                               with_prompt=params.repetition_penalty != 1.0)
         self.requests[request_id] = req
         if deadline is not None:
             self._with_deadline.add(request_id)
@@ -176,9 +180,9 @@ class LLMEngine:
                 kv.cache_computed_blocks(s.request)
         prompt_tokens = 0
         for s in sched.scheduled:
-            before = s.num_computed_before
-            if before < len(s.request.prompt_token_ids):  # a prefill chunk (decode rows skip this)
-                prompt_tokens += min(before + s.num_new_tokens, len(s.request.prompt_token_ids)) - before
+            before, n_prompt = s.num_computed_before, s.request.num_prompt_tokens
+            if before < n_prompt:  # a prefill chunk (decode rows skip this)
+                prompt_tokens += min(before + s.num_new_tokens, n_prompt) - before
         self.num_steps += 1
         self.num_prompt_tokens += prompt_tokens
         on_token, append = self._on_token, deltas.append
@@ -225,7 +229,7 @@ class LLMEngine:
         # Positional (about half the cost of keywords, once per token): request_id,
         # new_token_ids, new_text, finished, finish_reason, logprobs, num_prompt_tokens,
         # num_output_tokens, num_cached_tokens, stop_reason, prompt_logprobs.
-        return RequestDelta(req.request_id, [token], text, False, None, lps, len(req.prompt_token_ids),
+        return RequestDelta(req.request_id, [token], text, False, None, lps, req.num_prompt_tokens,
                             n_out, cached if cached > 0 else 0, None, plp)
 
     def _finish(self, req, reason, tokens, text, lps, stop_reason=None, plp=None) -> RequestDelta:

@@ -261,7 +261,8 @@ class ModelRunner:
         else:
             rows = [
                 SamplingRow(params=r.params, prompt_token_ids=r.prompt_token_ids,
-                            output_token_ids=r.output_token_ids, generator=r.generator)
+                            output_token_ids=r.output_token_ids, generator=r.generator,
+                            penalty_tokens=r.penalty_tokens)
                 for r in reqs
             ]
             out = self.sampler(logits.float(), rows)

@@ -23,7 +23,18 @@ class Request:
     (prompt + generated) of which ``num_computed_tokens`` have KV in the cache.
     Each step the scheduler hands it ``num_tokens - num_computed_tokens`` (capped
     by the budget) new tokens; when it catches up it samples one more token.
+
+    Slotted: every step reads a few fields of every running request, and fixed
+    slots are fewer cache lines to bring back after a forward has evicted them.
     """
+
+    __slots__ = (
+        "request_id", "prompt_token_ids", "num_prompt_tokens", "params", "priority", "arrival_time", "deadline", "eos_token_ids",
+        "plain_greedy", "finishing_token_ids", "wants_logprobs", "max_tokens", "all_token_ids",
+        "output_token_ids", "prompt_logprobs", "prompt_logprobs_sent", "num_computed_tokens",
+        "num_cached_tokens", "num_preemptions", "status", "finish_reason", "block_hashes", "generator",
+        "detokenizer", "penalty_tokens",
+    )
 
     def __init__(
         self,
@@ -37,6 +48,7 @@ class Request:
     ):
         self.request_id = request_id
         self.prompt_token_ids = list(prompt_token_ids)
+        self.num_prompt_tokens = len(self.prompt_token_ids)  # the prompt never changes
         self.params = params
         self.priority = priority
         self.arrival_time = time.time() if arrival_time is None else arrival_time
@@ -69,10 +81,7 @@ class Request:
         # Filled in by the engine: per-request RNG and incremental detokenizer.
         self.generator = None
         self.detokenizer = None
-
-    @property
-    def num_prompt_tokens(self) -> int:
-        return len(self.prompt_token_ids)
+        self.penalty_tokens = None  # PenaltyTokens when the request uses penalties
 
     @property
     def num_tokens(self) -> int:

@@ -44,8 +44,10 @@ import threading
 from dataclasses import dataclass
 from typing import Optional
 
+import numpy as np
 import torch
 
+from gpuworker.engine.penalty_tokens import PenaltyTokens
 from schemas import SamplingParams
 
 # Temperatures below this are treated as greedy (dividing by them overflows).
@@ -60,6 +62,8 @@ class SamplingRow:
     prompt_token_ids: list[int]
     output_token_ids: list[int]  # generated so far (before this step)
     generator: Optional[torch.Generator] = None  # per-request, from params.seed; None = global RNG
+    # The request's token history for penalties, kept across steps (None: built for this call).
+    penalty_tokens: Optional[PenaltyTokens] = None
 
 
 @dataclass
@@ -190,39 +194,61 @@ class Sampler:
     def _apply_penalties(logits: torch.Tensor, rows: list[SamplingRow], idx: list[int]) -> None:
         """In place on the contiguous ``logits``, touching only the tokens seen.
 
-        Works on flat indices (row * vocab + token) so the cost follows the
-        number of prompt/output tokens, not rows x vocab.
+        Works on flat indices (row * vocab + token), so the cost follows the
+        number of prompt/output tokens, not rows x vocab. Each row's token
+        history comes from its ``PenaltyTokens`` (prompt ids already a device
+        tensor; output ids a host array): one host->device copy of the output
+        ids a step, and no data-dependent sizes (``unique``) that would make a
+        GPU wait.
         """
         device = logits.device
         vocab = logits.shape[1]
         flat = logits.view(-1)
-        ps = {i: rows[i].params for i in idx}
+        ps = [rows[i].params for i in idx]
+        hist = [rows[i].penalty_tokens or PenaltyTokens(rows[i].prompt_token_ids, vocab, device,
+                                                        rows[i].params.repetition_penalty != 1.0) for i in idx]
 
-        out_flat = _flat_ids([(i, rows[i].output_token_ids) for i in idx], vocab, device)
-        rep_rows = [i for i in idx if ps[i].repetition_penalty != 1.0]
-        if rep_rows:
-            seen = _flat_ids(
-                [(i, rows[i].prompt_token_ids) for i in rep_rows] + [(i, rows[i].output_token_ids) for i in rep_rows],
-                vocab,
-                device,
-            ).unique()
+        # Output ids of every penalised row, flattened on the host, then one copy.
+        outs = [h.outputs(rows[i].output_token_ids) for h, i in zip(hist, idx)]
+        out_ids = np.concatenate(outs) if outs else np.empty(0, dtype=np.int64)
+        out_flat = np.repeat(np.asarray(idx, dtype=np.int64) * vocab, [len(o) for o in outs]) + out_ids
+        out_flat = out_flat[(out_ids >= 0) & (out_ids < vocab)]
+        out_flat = torch.from_numpy(out_flat).to(device, non_blocking=True)
+
+        rep_pos = [j for j, p in enumerate(ps) if p.repetition_penalty != 1.0]
+        if rep_pos:
             rep = torch.ones(logits.shape[0], device=device, dtype=logits.dtype)
-            rep[torch.tensor(rep_rows, device=device)] = torch.tensor(
-                [ps[i].repetition_penalty for i in rep_rows], device=device, dtype=logits.dtype
+            rep[torch.tensor([idx[j] for j in rep_pos], device=device)] = torch.tensor(
+                [ps[j].repetition_penalty for j in rep_pos], device=device, dtype=logits.dtype
             )
+            prompts = [hist[j].prompt for j in rep_pos]
+            offsets = torch.tensor([idx[j] * vocab for j in rep_pos], device=device)
+            lengths = torch.tensor([t.numel() for t in prompts], device=device)
+            seen = torch.cat([torch.cat(prompts) + offsets.repeat_interleave(lengths), out_flat])
+            # A token seen twice is written twice with the same value (both read
+            # the unpenalised logit), so no unique() is needed; rows without a
+            # repetition penalty divide by 1.
             r = rep[seen // vocab]
             vals = flat[seen]
             flat[seen] = torch.where(vals > 0, vals / r, vals * r)
 
-        if out_flat.numel() and any(ps[i].frequency_penalty or ps[i].presence_penalty for i in idx):
+        if out_flat.numel() and any(p.frequency_penalty or p.presence_penalty for p in ps):
             freq = torch.zeros(logits.shape[0], device=device, dtype=logits.dtype)
             pres = torch.zeros_like(freq)
             sel = torch.tensor(idx, device=device)
-            freq[sel] = torch.tensor([ps[i].frequency_penalty for i in idx], device=device, dtype=logits.dtype)
-            pres[sel] = torch.tensor([ps[i].presence_penalty for i in idx], device=device, dtype=logits.dtype)
-            tok, count = out_flat.unique(return_counts=True)
+            freq[sel] = torch.tensor([p.frequency_penalty for p in ps], device=device, dtype=logits.dtype)
+            pres[sel] = torch.tensor([p.presence_penalty for p in ps], device=device, dtype=logits.dtype)
+            # Count each distinct (row, token) without unique(): sort, mark where a
+            # new value starts, number the runs, and count per run.
+            tok = out_flat.sort().values
+            first = torch.ones_like(tok, dtype=torch.bool)
+            first[1:] = tok[1:] != tok[:-1]
+            run = first.cumsum(0) - 1
+            count = torch.zeros(tok.numel(), device=device, dtype=logits.dtype).index_add_(
+                0, run, torch.ones_like(tok, dtype=logits.dtype))[run]
             row = tok // vocab
-            flat[tok] -= freq[row] * count.to(logits.dtype) + pres[row]
+            # Every copy of a token writes the same value: logit - (freq x count + presence).
+            flat[tok] = flat[tok] - (freq[row] * count + pres[row])
 
     # ------------------------------------------------------------------- sampling
     @staticmethod
@@ -620,15 +646,3 @@ def _sample_nucleus(
     tokens, _ = _sample_truncated(sub, [params[j] for j in pos_list], _uniforms([gens[j] for j in pos_list], device), False)
     out[pos] = tokens
     return out
-
-
-
-def _flat_ids(rows: list[tuple[int, list[int]]], vocab: int, device) -> torch.Tensor:
-    """Flat indices row * vocab + id for every (row, ids) pair; ids past the
-    logits' width (a tokenizer larger than the head) are dropped."""
-    tensors = [(row, torch.as_tensor(ids, dtype=torch.long)) for row, ids in rows if ids]
-    if not tensors:
-        return torch.empty(0, dtype=torch.long, device=device)
-    ids = torch.cat([t for _, t in tensors])
-    flat = torch.cat([t + row * vocab for row, t in tensors])
-    return flat[(ids >= 0) & (ids < vocab)].to(device)

@@ -231,6 +231,54 @@ def test_penalties_apply_only_to_rows_that_ask():
     assert_logprobs_of(out.logprobs[1], RAW[0].tolist())
 
 
+def reference_penalised(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+    """Penalties computed the plain way, row by row from the token lists (vLLM's order)."""
+    out = logits.clone()
+    vocab = logits.shape[1]
+    for i, r in enumerate(rows):
+        p = r.params
+        seen = {t for t in list(r.prompt_token_ids) + list(r.output_token_ids) if 0 <= t < vocab}
+        for t in seen:
+            if p.repetition_penalty != 1.0:
+                v = out[i, t]
+                out[i, t] = v / p.repetition_penalty if v > 0 else v * p.repetition_penalty
+        for t in set(r.output_token_ids):
+            if 0 <= t < vocab:
+                out[i, t] -= p.frequency_penalty * r.output_token_ids.count(t) + p.presence_penalty
+    return out
+
+
+def test_penalty_history_kept_across_steps_matches_the_token_lists():
+    # The engine keeps each request's history (PenaltyTokens) across steps and
+    # appends one token a step; every step must penalise exactly as if the history
+    # were rebuilt from the lists. Prompts repeat ids and hold ids past the vocab.
+    from gpuworker.engine.penalty_tokens import PenaltyTokens
+
+    vocab = 20  # logprobs of the whole vocabulary (at most MAX_LOGPROBS) show every penalised logit
+    g = torch.Generator().manual_seed(3)
+    kinds = [dict(repetition_penalty=1.3), dict(frequency_penalty=0.4, presence_penalty=0.2),
+             dict(repetition_penalty=0.8, frequency_penalty=-0.3, presence_penalty=0.5), dict()]
+    rows = []
+    for k, kw in enumerate(kinds * 2):
+        prompt = torch.randint(0, vocab + 5, (50 + 7 * k,), generator=g).tolist()
+        r = row(prompt=prompt, output=[], temperature=0.0, logprobs=vocab, logprobs_mode="processed_logits", **kw)
+        if r.params.uses_penalties:
+            r.penalty_tokens = PenaltyTokens(r.prompt_token_ids, vocab, "cpu",
+                                             with_prompt=r.params.repetition_penalty != 1.0)
+        rows.append(r)
+    for step in range(70):  # past the history's first 64-token buffer
+        logits = torch.randn(len(rows), vocab, generator=g) * 4
+        want = reference_penalised(logits, rows)
+        out = sampler(logits.clone(), rows)
+        for i, r in enumerate(rows):
+            got = torch.full((vocab,), float("nan"))
+            for t, v in out.logprobs[i].items():
+                got[t] = v
+            assert torch.allclose(got, want[i], atol=1e-5), (step, i)
+            assert out.token_ids[i] == int(want[i].argmax())
+            r.output_token_ids.append(out.token_ids[i] if step % 3 else int(r.prompt_token_ids[step % 50] % vocab))
+
+
 # -------------------------------------------------------------------- logprobs
 def test_logprobs_are_sorted_top_n_log_softmax():
     logits = random_logits(4, vocab=200, seed=9)

@@ -1,0 +1,40 @@
+"""A request's token history for the sampler's penalties, kept across steps.
+
+Penalties need, per row, the prompt's token ids (repetition) and the output ids
+so far (repetition, frequency, presence). Turning those Python lists into
+tensors every step cost ~38 ms of host time at 256 requests x 2,000-token
+prompts. Here the prompt becomes a tensor of its distinct ids once, on the
+device, and the output ids live in a host array that grows by the one new token
+a step, so a step copies only what is new.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+import torch
+
+
+class PenaltyTokens:
+    def __init__(self, prompt_token_ids: list[int], vocab_size: int, device, with_prompt: bool = True):
+        self.prompt: Optional[torch.Tensor] = None  # distinct prompt ids < vocab_size, on the device
+        if with_prompt:
+            ids = np.unique(np.asarray(prompt_token_ids, dtype=np.int64))
+            ids = ids[(ids >= 0) & (ids < vocab_size)]  # a tokenizer larger than the head
+            self.prompt = torch.from_numpy(ids).to(device)
+        self._out = np.empty(64, dtype=np.int64)
+        self._n = 0
+
+    def outputs(self, output_token_ids: list[int]) -> np.ndarray:
+        """The output ids as a host array (a view: valid until the next call)."""
+        n = len(output_token_ids)
+        if n < self._n:  # never expected (outputs only grow); start over rather than lie
+            self._n = 0
+        if n > len(self._out):
+            grown = np.empty(max(n, 2 * len(self._out)), dtype=np.int64)
+            grown[: self._n] = self._out[: self._n]
+            self._out = grown
+        if n > self._n:
+            self._out[self._n : n] = output_token_ids[self._n : n]
+            self._n = n
+        return self._out[:n]
