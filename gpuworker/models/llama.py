@@ -274,14 +274,14 @@ class LlamaForCausalLM(nn.Module):
     @torch.inference_mode()
     def prepack_cpu_weights(self, batch_hint: int = 32, kernels: bool = True) -> str | None:
         """Repack every matmul weight once for the CPU; returns which packing was used
-        ("amx", "avx512" or "onednn"), or None, changing nothing.
+        ("amx", "avx512", "avx2" or "onednn"), or None, changing nothing.
 
-        * "amx" (bfloat16) / "avx512" (float32): panels read by our kernels
+        * "amx" (bfloat16) / "avx512" or "avx2" (float32): panels read by our kernels
           (gpuworker.models.cpu_linear) for decode-sized batches, where they stream
           the weights faster than oneDNN/MKL; larger batches keep ``F.linear``, or
           in bf16 ("amx+onednn", models up to ``cpu_linear.KEEP_ONEDNN_BYTES`` of
           matmul weights) oneDNN's packing too, at the cost of another copy.
-          Needs AVX-512 (AMX for bf16), torch on one thread, ``kernels``.
+          Needs AVX-512 or AVX2+FMA (AMX for bf16), torch on one thread, ``kernels``.
         * "onednn" (bfloat16 elsewhere): oneDNN's blocked layout. Plain ``F.linear``
           re-lays the weight out on every call; prepacked it runs 1.5-2.5x faster at
           decode-sized batches here, with bit-identical results.
@@ -304,7 +304,7 @@ class LlamaForCausalLM(nn.Module):
                                 for name, w in weights(layer).items()}
             if cpu_linear.can_pack(lib, self.lm_head):
                 self.packed_lm_head = PackedWeight(lib, self.lm_head, onednn[1] if onednn else None)
-            kind = "amx" if bf16 else "avx512"
+            kind = "amx" if bf16 else lib.isa
             return kind + "+onednn" if onednn else kind
         onednn = self._onednn_packs(weights, batch_hint) if bf16 else None
         if onednn is None:

@@ -1,5 +1,5 @@
 """The small-batch CPU matmul kernels (gpuworker/models/cpu_linear.py) against
-``F.linear``, alone and inside the model: bfloat16 on AMX, float32 on AVX-512."""
+``F.linear``, alone and inside the model: bfloat16 on AMX, float32 on AVX-512 or AVX2+FMA."""
 from __future__ import annotations
 
 import pytest
@@ -15,13 +15,14 @@ from tests.tiny_models import save_tiny_model
 
 @pytest.fixture
 def lib():
-    if not cpu_kernels.cpu_has("avx512f"):
-        pytest.skip("this CPU has no AVX-512: matmuls stay on torch (bf16: oneDNN's packing), tested with the model")
+    if not (cpu_kernels.cpu_has("avx512f") or cpu_kernels.cpu_has("avx2", "fma")):
+        pytest.skip("this CPU has neither AVX-512 nor AVX2+FMA: matmuls stay on torch, tested with the model")
     before = torch.get_num_threads()
     torch.set_num_threads(1)  # the kernels are taken only with one torch thread
     got = cpu_linear.load()
-    # With AVX-512 and a compiler, a failed build is a bug to see.
-    assert got is not None or cpu_kernels.compiler() is None, "AVX-512 CPU and a C compiler, but no matmul kernels"
+    # With AVX-512 or AVX2 and a compiler, a failed build is a bug to see.
+    assert got is not None or cpu_kernels.compiler() is None, "AVX-512/AVX2 CPU and a C compiler, but no matmul kernels"
+    assert got is None or got.isa == ("avx512" if cpu_kernels.cpu_has("avx512f") else "avx2")
     if got is None:
         pytest.skip("no C compiler on this machine: matmuls stay on torch")
     yield got
@@ -85,7 +86,7 @@ def test_model_with_packed_weights_matches_the_plain_model(lib, dtype, tmp_path)
     want = run_chunked(plain.model, seqs)
     packed = load_model(str(folder), dtype=dtype)
     # bf16: a small model keeps oneDNN's packing beside, for the steps past 32 rows
-    assert packed.model.prepack_cpu_weights() == ("amx+onednn" if dtype == torch.bfloat16 else "avx512")
+    assert packed.model.prepack_cpu_weights() == ("amx+onednn" if dtype == torch.bfloat16 else lib.isa)
     qkv = packed.model.layers[0].packed["qkv"]
     assert isinstance(qkv, cpu_linear.PackedWeight)
     assert (qkv.larger is not None) == (dtype == torch.bfloat16)
