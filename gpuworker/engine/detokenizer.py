@@ -182,6 +182,23 @@ def byte_level_table(tokenizer) -> Optional[tuple[list[bytes], list[Optional[str
     return table
 
 
+_FAST_TABLES: dict[tuple[int, frozenset], tuple[list, list]] = {}
+
+
+def _fast_table(whole: list, skipped: frozenset) -> list:
+    """The byte table's whole-character texts with skipped special ids as "" (made
+    once per table and skip set; the table itself is kept alive by the entry)."""
+    key = (id(whole), skipped)
+    hit = _FAST_TABLES.get(key)
+    if hit is None or hit[0] is not whole:
+        fast = list(whole)
+        for i in skipped:
+            if 0 <= i < len(fast):
+                fast[i] = ""
+        hit = _FAST_TABLES[key] = (whole, fast)
+    return hit[1]
+
+
 def _incomplete_tail(buf: bytes) -> int:
     """Length of the trailing bytes that begin a valid UTF-8 character but do not
     finish it (0-3): they wait for the next token. Everything before them decodes
@@ -234,7 +251,8 @@ class IncrementalDetokenizer:
     # Slotted: the engine calls one of these per running request every step.
     __slots__ = ("_decode", "_skipped", "_byte_ids", "_tok_bytes", "_tok_text", "_pending", "_held_fffd",
                  "_cleanup", "_raw_pending", "_raw_ctx", "stop_strings", "_max_stop", "_ids", "_prefix",
-                 "_window_shown", "_pieces", "_num_chars", "_tail", "_shown", "_final", "stop_hit", "_flushed")
+                 "_window_shown", "_pieces", "_num_chars", "_tail", "_shown", "_final", "stop_hit", "_flushed",
+                 "_fast_text")
 
     def __init__(self, tokenizer, prompt_token_ids: list[int], params: SamplingParams):
         # prompt_token_ids is accepted for the engine's convenience; the text is
@@ -248,6 +266,10 @@ class IncrementalDetokenizer:
         # per token); other decoders re-decode a short window of ids.
         table = byte_level_table(tokenizer)
         self._tok_bytes, self._tok_text = table if table is not None else (None, None)
+        # update_one's lookup table (None: take the general path every token).
+        self._fast_text = None
+        if table is not None and not params.stop and cleanup_fn(tokenizer) is None:
+            self._fast_text = _fast_table(table[1], self._skipped)
         self._pending = b""  # byte mode: bytes of a character not finished yet
         self._held_fffd = ""  # byte mode: trailing U+FFFD not shown yet
         # Python-level clean_up_tokenization (WordPiece-era tokenizers): applied
@@ -298,6 +320,17 @@ class IncrementalDetokenizer:
         """``update([token_id])`` for the engine's one-token-per-step case; without
         stop strings or a cleanup pass it skips the stop-string bookkeeping
         (everything decoded is shown at once there)."""
+        fast = self._fast_text
+        if fast is not None and not self._pending and not self._held_fffd:
+            # Byte-level table, no stop strings, no cleanup, no partial character
+            # waiting: a token of whole characters (or a skipped special) is a lookup.
+            text = fast[token_id] if 0 <= token_id < len(fast) else None
+            if text is not None:
+                if text:
+                    self._pieces.append(text)
+                    self._num_chars += len(text)
+                    self._shown = self._num_chars
+                return text, None
         if self._cleanup is not None or self._max_stop or self._flushed:
             return self.update([token_id])
         new_text = self._decode_token(token_id)
@@ -315,6 +348,7 @@ class IncrementalDetokenizer:
         """
         self._check_open()
         self._flushed = True
+        self._fast_text = None
         rest = self._decode(self._ids[self._prefix :])[self._window_shown :] if self._ids else ""
         if self._pending or self._held_fffd:  # byte mode: an unfinished character decodes as it is (U+FFFD)
             rest += self._held_fffd + self._pending.decode("utf-8", "replace")
