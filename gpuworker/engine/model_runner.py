@@ -265,7 +265,7 @@ class ModelRunner:
                             penalty_tokens=r.penalty_tokens)
                 for r in reqs
             ]
-            out = self.sampler(logits.float(), rows)
+            out = self.sampler(logits.float(), rows, owned=True)  # fresh from the LM head, read once
             token_ids, lps = out.token_ids, out.logprobs
         self.num_device_syncs += 1
         times.sample = time.perf_counter() - t2

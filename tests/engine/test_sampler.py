@@ -487,3 +487,21 @@ def test_seeded_top_p_row_independent_of_neighbours_and_rejections(top_p):
     assert run(20, 13) == alone  # more than one chunk, mixed with top-k rows
     torch.manual_seed(3)
     assert run(3, 1) == alone
+
+
+def test_owned_logits_are_penalised_in_place_only_when_nobody_reads_them_raw():
+    logits = random_logits(3, vocab=50, seed=4)
+    rows = [row(prompt=[1, 2, 3], output=[4, 4], temperature=0.0, repetition_penalty=1.5, frequency_penalty=0.5),
+            row(prompt=[5], output=[6], temperature=0.0, presence_penalty=0.7), row(temperature=0.0)]
+    kept = logits.clone()
+    want = sampler(logits, rows).token_ids
+    assert torch.equal(logits, kept)  # not handed over: the caller's tensor is untouched
+    handed = logits.clone()
+    assert sampler(handed, rows, owned=True).token_ids == want
+    assert not torch.equal(handed, kept)  # handed over: penalised in place, no 50 MB copy
+    # A row reporting raw logprobs needs the unpenalised logits: copied even when owned.
+    raw_rows = rows[:2] + [row(temperature=0.0, logprobs=2)]
+    handed = logits.clone()
+    out = sampler(handed, raw_rows, owned=True)
+    assert torch.equal(handed, kept)
+    assert out.token_ids == sampler(logits.clone(), raw_rows).token_ids
