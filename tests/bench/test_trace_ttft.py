@@ -1,0 +1,85 @@
+"""scripts/trace_ttft.py against a real worker (tiny random Llama, private
+redis-server): every measured job has each point of its path, in causal order,
+and the reports run. Asserts presence and order, never durations; it also
+catches a renamed method the trace wraps (the worker would run untraced)."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import redis
+
+from inferq.bench_cli import main as bench_main
+from inferq.processes import terminate
+from schemas import keys
+from tests.workers import SERVICE_DEFAULTS
+
+ROOT = Path(__file__).resolve().parents[2]
+SERVED, WORKER_ID, N = "tiny-trace", "trace-1", 4
+
+
+def trace_module():
+    spec = importlib.util.spec_from_file_location("trace_ttft", ROOT / "scripts" / "trace_ttft.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def wait_heartbeat(url: str, proc: subprocess.Popen, log: Path, timeout: float = 180) -> None:
+    r = redis.Redis.from_url(url)
+    end = time.time() + timeout
+    try:
+        while time.time() < end:
+            assert proc.poll() is None, log.read_text(errors="replace")[-3000:]
+            if r.zscore(keys.workers(SERVED), WORKER_ID) is not None:
+                return
+            time.sleep(0.1)
+    finally:
+        r.close()
+    raise TimeoutError(log.read_text(errors="replace")[-3000:])
+
+
+@pytest.mark.timeout(600)
+def test_trace_has_each_point_in_order(redis_url, tiny_model_folder, tmp_path, capsys):
+    trace_path, result_path, log = tmp_path / "trace.json", tmp_path / "serve.json", tmp_path / "worker.log"
+    cmd = [sys.executable, str(ROOT / "scripts" / "trace_ttft.py"), "worker", "--trace-out", str(trace_path), "--",
+           "--redis-url", redis_url, "--model", str(tiny_model_folder), "--served-model-name", SERVED,
+           "--worker-id", WORKER_ID, "--metrics-port", "0", "--device", "cpu", *SERVICE_DEFAULTS]
+    with open(log, "wb") as f:
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT,
+                                env=dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false"))
+    try:
+        wait_heartbeat(redis_url, proc, log)
+        rc = bench_main(["serve", "--backend", "redis", "--redis-url", redis_url, "--model", SERVED,
+                         "--num-prompts", str(N), "--random-input-len", "16", "--random-output-len", "4",
+                         "--request-rate", "50", "--num-warmups", "1", "--no-progress", "--no-figure", "--seed", "1",
+                         "--result-file", str(result_path)])
+        assert rc == 0, capsys.readouterr().out
+    finally:
+        assert terminate(proc, 60) == 0, log.read_text(errors="replace")[-3000:]  # the trace is written at exit
+
+    trace, result = json.loads(trace_path.read_text()), json.loads(result_path.read_text())
+    jobs = [v for v in trace["jobs"].values() if "created" in v]
+    assert len(jobs) == N + 1  # the warm-up job too
+    order = ("created", "read", "admit0", "add", "sched0", "token", "pub0", "pub1")
+    for v in jobs:
+        point = {**trace["jobs"]["entry:" + v["entry"]], **v}
+        times = [point[p] for p in order]
+        assert times == sorted(times), dict(zip(order, times))  # each happens after the one before
+        assert point["admit0"] <= point["admit1"]
+    # Every step ended before the next began, and each job was first scheduled in exactly one step.
+    steps = trace["steps"]
+    assert all(a[1] <= b[0] for a, b in zip(steps, steps[1:]))
+    firsts = [rid for s in steps for rid in s[5]]
+    assert sorted(firsts) == sorted(k for k, v in trace["jobs"].items() if "created" in v)
+
+    mod = trace_module()
+    text = mod.report(trace, result)
+    assert f"{N} requests" in text and "TTFT (client)" in text and "steps with a prompt" in text
+    assert "TTFT median" in mod.client_steps(result)
