@@ -26,15 +26,18 @@ class WorkerProc:
     """A real worker process; its log goes to a file the test can read.
 
     ``defaults`` are the flags the service tests run with (short lease, fast
-    BLOCK, invariant checks); ``extra`` flags come after them and win."""
+    BLOCK, invariant checks); ``extra`` flags come after them and win.
+    ``launcher``: what runs the worker (a wrapper script that takes the worker's
+    flags after its own, e.g. scripts/trace_ttft.py)."""
 
     def __init__(self, redis_url: str, model_folder: Path, served: str, log_dir: Path, worker_id: str,
-                 *extra: str, metrics: bool = False, defaults: tuple = SERVICE_DEFAULTS):
+                 *extra: str, metrics: bool = False, defaults: tuple = SERVICE_DEFAULTS,
+                 launcher: tuple = ("-m", "gpuworker.service")):
         self.redis_url, self.served, self.worker_id = redis_url, served, worker_id
         self.metrics_port = free_port() if metrics else 0
         self.log_path = log_dir / f"worker-{worker_id}-{time.time_ns()}.log"
         args = [
-            sys.executable, "-m", "gpuworker.service",
+            sys.executable, *launcher,
             "--redis-url", redis_url, "--model", str(model_folder), "--served-model-name", served,
             "--worker-id", worker_id, "--metrics-port", str(self.metrics_port), *defaults, *extra,
         ]

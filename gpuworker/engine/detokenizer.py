@@ -182,21 +182,25 @@ def byte_level_table(tokenizer) -> Optional[tuple[list[bytes], list[Optional[str
     return table
 
 
-_FAST_TABLES: dict[tuple[int, frozenset], tuple[list, list]] = {}
+# tokenizer -> {skipped ids: the fast table} (one per skip_special_tokens setting)
+_FAST_TABLES: "weakref.WeakKeyDictionary[object, dict[frozenset, list]]" = weakref.WeakKeyDictionary()
 
 
-def _fast_table(whole: list, skipped: frozenset) -> list:
-    """The byte table's whole-character texts with skipped special ids as "" (made
-    once per table and skip set; the table itself is kept alive by the entry)."""
-    key = (id(whole), skipped)
-    hit = _FAST_TABLES.get(key)
-    if hit is None or hit[0] is not whole:
+def _fast_table(tokenizer, whole: list, skipped: frozenset) -> list:
+    """The byte table's whole-character texts with skipped special ids as "",
+    made once per tokenizer and skip set."""
+    try:
+        per_tok = _FAST_TABLES.setdefault(tokenizer, {})
+    except TypeError:  # not weak-referenceable: build it per request
+        per_tok = {}
+    fast = per_tok.get(skipped)
+    if fast is None:
         fast = list(whole)
         for i in skipped:
             if 0 <= i < len(fast):
                 fast[i] = ""
-        hit = _FAST_TABLES[key] = (whole, fast)
-    return hit[1]
+        per_tok[skipped] = fast
+    return fast
 
 
 def _incomplete_tail(buf: bytes) -> int:
@@ -266,10 +270,6 @@ class IncrementalDetokenizer:
         # per token); other decoders re-decode a short window of ids.
         table = byte_level_table(tokenizer)
         self._tok_bytes, self._tok_text = table if table is not None else (None, None)
-        # update_one's lookup table (None: take the general path every token).
-        self._fast_text = None
-        if table is not None and not params.stop and cleanup_fn(tokenizer) is None:
-            self._fast_text = _fast_table(table[1], self._skipped)
         self._pending = b""  # byte mode: bytes of a character not finished yet
         self._held_fffd = ""  # byte mode: trailing U+FFFD not shown yet
         # Python-level clean_up_tokenization (WordPiece-era tokenizers): applied
@@ -291,6 +291,10 @@ class IncrementalDetokenizer:
         self._final: Optional[str] = None  # output text once finished by a stop string
         self.stop_hit: Optional[str] = None
         self._flushed = False
+        # update_one's lookup table (None: take the general path every token).
+        self._fast_text = None
+        if table is not None and self._cleanup is None and not self.stop_strings:
+            self._fast_text = _fast_table(tokenizer, table[1], self._skipped)
 
     # ----------------------------------------------------------------- public
     @property

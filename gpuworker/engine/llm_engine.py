@@ -175,11 +175,11 @@ class LLMEngine:
         sampled = self.runner.execute(sched, self.kv)
         t2 = time.perf_counter()
         kv = self.kv
-        if kv.enable_caching:
-            for s in sched.scheduled:
-                kv.cache_computed_blocks(s.request)
+        caching = kv.enable_caching
         prompt_tokens = 0
         for s in sched.scheduled:
+            if caching:
+                kv.cache_computed_blocks(s.request)
             before, n_prompt = s.num_computed_before, s.request.num_prompt_tokens
             if before < n_prompt:  # a prefill chunk (decode rows skip this)
                 prompt_tokens += min(before + s.num_new_tokens, n_prompt) - before

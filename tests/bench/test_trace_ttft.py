@@ -6,19 +6,12 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
-import redis
 
 from inferq.bench_cli import main as bench_main
-from inferq.processes import terminate
-from schemas import keys
-from tests.workers import SERVICE_DEFAULTS
+from tests.workers import WorkerProc
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVED, WORKER_ID, N = "tiny-trace", "trace-1", 4
@@ -31,38 +24,21 @@ def trace_module():
     return mod
 
 
-def wait_heartbeat(url: str, proc: subprocess.Popen, log: Path, timeout: float = 180) -> None:
-    r = redis.Redis.from_url(url)
-    end = time.time() + timeout
-    try:
-        while time.time() < end:
-            assert proc.poll() is None, log.read_text(errors="replace")[-3000:]
-            if r.zscore(keys.workers(SERVED), WORKER_ID) is not None:
-                return
-            time.sleep(0.1)
-    finally:
-        r.close()
-    raise TimeoutError(log.read_text(errors="replace")[-3000:])
-
-
 @pytest.mark.timeout(600)
 def test_trace_has_each_point_in_order(redis_url, tiny_model_folder, tmp_path, capsys):
-    trace_path, result_path, log = tmp_path / "trace.json", tmp_path / "serve.json", tmp_path / "worker.log"
-    cmd = [sys.executable, str(ROOT / "scripts" / "trace_ttft.py"), "worker", "--trace-out", str(trace_path), "--",
-           "--redis-url", redis_url, "--model", str(tiny_model_folder), "--served-model-name", SERVED,
-           "--worker-id", WORKER_ID, "--metrics-port", "0", "--device", "cpu", *SERVICE_DEFAULTS]
-    with open(log, "wb") as f:
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT,
-                                env=dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false"))
+    trace_path, result_path = tmp_path / "trace.json", tmp_path / "serve.json"
+    launcher = (str(ROOT / "scripts" / "trace_ttft.py"), "worker", "--trace-out", str(trace_path), "--")
+    worker = WorkerProc(redis_url, tiny_model_folder, SERVED, tmp_path, WORKER_ID, "--device", "cpu",
+                        launcher=launcher)
     try:
-        wait_heartbeat(redis_url, proc, log)
+        worker.wait_ready()
         rc = bench_main(["serve", "--backend", "redis", "--redis-url", redis_url, "--model", SERVED,
                          "--num-prompts", str(N), "--random-input-len", "16", "--random-output-len", "4",
                          "--request-rate", "50", "--num-warmups", "1", "--no-progress", "--no-figure", "--seed", "1",
                          "--result-file", str(result_path)])
         assert rc == 0, capsys.readouterr().out
     finally:
-        assert terminate(proc, 60) == 0, log.read_text(errors="replace")[-3000:]  # the trace is written at exit
+        assert worker.terminate(60) == 0, worker.log()[-3000:]  # the trace is written at exit
 
     trace, result = json.loads(trace_path.read_text()), json.loads(result_path.read_text())
     jobs = [v for v in trace["jobs"].values() if "created" in v]
