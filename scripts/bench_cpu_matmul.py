@@ -2,7 +2,7 @@
 """Micro-benchmark of decode-sized CPU matmuls: SmolLM2-135M's 30 layers of projections
 (qkv, o, gate_up, down, 30 distinct weights each so nothing stays cached) plus its LM
 head, one torch thread, through our kernels (gpuworker/models/cpu_linear.py), oneDNN's
-prepacked weights (bf16) and F.linear. Medians of 5 passes.
+prepacked weights (what vLLM runs on a CPU) and F.linear. Medians of 5 passes.
 
     python scripts/bench_cpu_matmul.py [--dtype bfloat16|float32] [--rows 1,8,32,64]
 """
@@ -35,19 +35,21 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     ap.add_argument("--rows", default="1,8,32,64")
+    ap.add_argument("--no-lm-head", action="store_true", help="projections only (a prompt step's LM head "
+                    "sees one row per sequence)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     dt = getattr(torch, args.dtype)
     lib = cpu_linear.load()
     weights = {name: [torch.randn(n, k).to(dt) for _ in range(1 if name == "lm_head" else 30)]
-               for name, (n, k) in SHAPES.items()}
+               for name, (n, k) in SHAPES.items() if not (args.no_lm_head and name == "lm_head")}
     gb = sum(w.numel() * w.element_size() for ws in weights.values() for w in ws) / 1e9
     systems = {"F.linear": lambda x, w: F.linear(x, w)}
     packs = {}
     if lib is not None and all(cpu_linear.can_pack(lib, w) for ws in weights.values() for w in ws):
         packs["ours"] = {id(w): cpu_linear.PackedWeight(lib, w) for ws in weights.values() for w in ws}
         systems["ours"] = lambda x, w: packs["ours"][id(w)](x, None)
-    if dt == torch.bfloat16 and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"):
+    if hasattr(torch.ops.mkldnn, "_reorder_linear_weight"):  # vLLM's CPU path, both dtypes
         packs["onednn"] = {id(w): torch.ops.mkldnn._reorder_linear_weight(w, 32) for ws in weights.values() for w in ws}
         systems["oneDNN prepacked"] = lambda x, w: torch.ops.mkldnn._linear_pointwise(
             x, packs["onednn"][id(w)], None, "none", [], "")

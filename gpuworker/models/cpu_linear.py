@@ -17,11 +17,12 @@ pass with software prefetch), each row chunk reusing the panel from L1/L2:
   576-long chain). 1.4-2x ``F.linear`` at 1-64 rows (not bit-identical to it).
 * float32 on AVX2 + FMA without AVX-512 (e.g. AMD EPYC before Zen 4): the same with
   16-column panels and 6 x 16 accumulators; 1.1-2x ``F.linear`` (MKL) at 1-64 rows
-  on a 2-core EPYC (scripts/bench_cpu_matmul.py).
+  on a 2-core EPYC (scripts/bench_cpu_matmul.py), and ~1.2x at 100-320 rows, so
+  there it also runs prompt-sized steps.
 
 Each is used up to its ``max_rows`` while torch runs one thread (they are
-single-threaded); larger batches (prompt chunks) stay on ``F.linear``, which is as
-fast as a prepacked oneDNN weight there. Built like the other C kernels
+single-threaded); larger batches (prompt chunks) stay on ``F.linear``, which is about
+as fast as a prepacked oneDNN weight there. Built like the other C kernels
 (gpuworker/attention/cpu_kernels.py): on CPUs with AVX-512F (else AVX2 + FMA), AMX only where
 /proc/cpuinfo lists it and Linux grants the process AMX state
 (``arch_prctl(ARCH_REQ_XCOMP_PERM)``).
@@ -265,7 +266,10 @@ _lock = threading.Lock()
 _loaded: "ctypes.CDLL | None | bool" = False  # False = not tried yet
 
 # Rows up to which each kernel beats torch (above: F.linear, or the oneDNN packing kept beside).
+# The AVX2 kernel also beats MKL on prompt-sized steps (~1.2x at 100-320 rows on a 2-core
+# EPYC; equal past that: scripts/bench_cpu_matmul.py --dtype float32 --no-lm-head).
 MAX_ROWS = {torch.bfloat16: 32, torch.float32: 64}
+MAX_ROWS_AVX2_F32 = 320
 # bf16 models with at most this many bytes of matmul weights also keep oneDNN's packing
 # for larger batches (one more copy of the weights; ~1.2x F.linear at 64-256 rows).
 KEEP_ONEDNN_BYTES = 2 << 30
@@ -322,8 +326,8 @@ class PackedWeight:
         self.larger = larger  # oneDNN's packing of the same weight for batches past max_rows, or None
         self.dtype = weight.dtype
         self.n, self.k = weight.shape
-        self.max_rows = MAX_ROWS[self.dtype]
         bf16 = self.dtype == torch.bfloat16
+        self.max_rows = MAX_ROWS_AVX2_F32 if lib.isa == "avx2" and not bf16 else MAX_ROWS[self.dtype]
         self._pack, self._run = (lib.amx_pack_bf16, lib.amx_linear_bf16) if bf16 else (lib.f32_pack, lib.f32_linear)
         w = weight.detach().contiguous()
         self.packed = torch.empty_like(w)

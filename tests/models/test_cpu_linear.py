@@ -58,10 +58,25 @@ def test_kernel_matches_f_linear(lib, dtype, rows, bias):
         assert err <= max(4 * ref_err, 1e-5), (err, ref_err)
 
 
+def test_float32_prompt_sized_steps(lib):
+    """Past 64 rows (the AVX2 kernel runs prompt steps too): every row chunk of 6, K not a
+    multiple of the 64-long summation blocks, a bias."""
+    g = torch.Generator().manual_seed(7)
+    w, b = torch.randn(64, 200, generator=g), torch.randn(64, generator=g)
+    packed = cpu_linear.PackedWeight(lib, w)
+    for rows in sorted({min(131, packed.max_rows), packed.max_rows}):
+        x = torch.randn(rows, 200, generator=g)
+        got, ref = packed(x, b), F.linear(x, w, b)
+        exact = F.linear(x.double(), w.double(), b.double())
+        err, ref_err = (got.double() - exact).abs().max().item(), (ref.double() - exact).abs().max().item()
+        assert err <= max(4 * ref_err, 1e-5), (rows, err, ref_err)
+
+
 def test_larger_batches_and_other_shapes_stay_on_torch(lib):
     w = torch.randn(64, 64)
     packed = cpu_linear.PackedWeight(lib, w)
-    assert not packed.applies(torch.randn(cpu_linear.MAX_ROWS[torch.float32] + 1, 64))
+    assert packed.applies(torch.randn(packed.max_rows, 64))
+    assert not packed.applies(torch.randn(packed.max_rows + 1, 64))
     assert not packed.applies(torch.randn(4, 64).to(torch.bfloat16))  # another dtype
     assert not packed.applies(torch.randn(4, 64), torch.randn(64).to(torch.bfloat16))
     assert not cpu_linear.can_pack(lib, torch.randn(48, 64))  # 48 rows: not a multiple of 32
