@@ -1,5 +1,5 @@
 """Small C kernels for the CPU path: decode attention straight over the paged KV
-cache, rotary of q and k (bit-identical to the torch ops; llama.rotate_qk), and
+cache (and the rows of prompts that start at position 0), rotary of q and k (bit-identical to the torch ops; llama.rotate_qk), and
 (bfloat16) a fused residual add + RMSNorm (llama.add_rms_norm).
 
 The torch path gathers every decode sequence's blocks into a padded buffer

@@ -40,6 +40,7 @@ VARIANTS = {
     "sdpa_prefill": {"max_explicit_scores": 0},
     "grouped_decodes": {"min_group_saving_blocks": 1, "native_decode": False},
     "torch_decodes": {"native_decode": False},
+    "torch_prefills": {"native_prefill": False},
 }
 
 
@@ -201,8 +202,15 @@ def test_native_decode_is_used_and_skips_the_gather(one_thread):
     meta, _ = build_metadata(seqs, tables, 16)
     plan = backend._make_plan(meta, 4, 2, torch.float32, torch.device("cpu"))
     assert plan.native is not None and plan.decodes == []
-    assert plan.native.q_rows.tolist() == [0, 1, 7] and plan.native.seq_idx.tolist() == [0, 1, 3]
-    assert plan.native.lens.tolist() == [501, 21, 491] and len(plan.prefills) == 1
+    # the prompt that starts at position 0 joins the call, each row with its own key count
+    assert plan.native.q_rows.tolist() == [0, 1, 2, 3, 4, 5, 6, 7]
+    assert plan.native.seq_idx.tolist() == [0, 1, 2, 2, 2, 2, 2, 3]
+    assert plan.native.lens.tolist() == [501, 21, 1, 2, 3, 4, 5, 491] and plan.prefills == []
+    assert plan.native.max_len == 501
+    # a chunk with a context stays on the batched path
+    meta, _ = build_metadata([(20, 1), (32, 8)], [[0, 1], [2, 3, 4]], 16)
+    plan = backend._make_plan(meta, 4, 2, torch.float32, torch.device("cpu"))
+    assert plan.native.q_rows.tolist() == [0] and len(plan.prefills) == 1 and plan.prefills[0].context == 32
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -235,3 +243,36 @@ def test_native_decode_equals_torch_path(dtype, one_thread):
         assert (backend._plan.native is not None) == native
     err = (outs[0].float() - outs[1].float()).abs().max().item()
     assert err < (1e-5 if dtype == torch.float32 else 2e-2), f"max abs diff {err}"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_native_prefill_equals_torch_path(dtype, one_thread):
+    """Prompts starting at position 0 (one past the explicit-scores limit, so SDPA's path
+    is compared too) beside decodes: the kernel's rows against baddbmm/SDPA."""
+    _native_or_skip()
+    n_kv, groups, head_dim, bs = 3, 3, 64, 16
+    seqs = [(0, 300), (40, 1), (0, 17), (0, 1), (129, 1)]
+    tables, nxt = [], 0
+    for c, q in seqs:
+        n = -(-(c + q) // bs)
+        tables.append(list(range(nxt, nxt + n)))
+        nxt += n
+    meta, _ = build_metadata(seqs, tables, bs)
+    t = sum(q for _, q in seqs)
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(t, n_kv * groups, head_dim, generator=g).to(dtype)
+    k = (torch.randn(t, n_kv, head_dim, generator=g) * 2).to(dtype)
+    v = torch.randn(t, n_kv, head_dim, generator=g).to(dtype)
+    cache = torch.randn(2, nxt + 2, bs, n_kv, head_dim, generator=g).to(dtype)
+    outs = []
+    for native, limit in ((True, 0), (False, 0), (False, 1 << 30)):
+        backend = TorchAttentionBackend(native_prefill=native, max_explicit_scores=limit)
+        kc, vc = cache[0].clone(), cache[1].clone()
+        outs.append(backend.forward(q, k, v, (kc, vc), meta, head_dim**-0.5).float())
+        assert (backend._plan.prefills == []) == native
+    # bf16: the torch paths round the probabilities to bf16 before p.v (2^-8 relative
+    # per term), the kernel keeps them in fp32; both round the output once.
+    tol = 1e-5 if dtype == torch.float32 else 2**-6 * max(1.0, outs[0].abs().max().item())
+    for other in outs[1:]:
+        err = (outs[0] - other).abs().max().item()
+        assert err < tol, f"max abs diff {err}"
