@@ -1,6 +1,7 @@
 """Small C kernels for the CPU path: decode attention straight over the paged KV
-cache (and the rows of prompts that start at position 0), rotary of q and k (bit-identical to the torch ops; llama.rotate_qk), and
-(bfloat16) a fused residual add + RMSNorm (llama.add_rms_norm).
+cache (and the rows of prompts that start at position 0), rotary of q and k
+(bit-identical to the torch ops; llama.rotate_qk), SiLU-and-mul of the MLP
+(llama.silu_and_mul) and a fused residual add + RMSNorm (llama.add_rms_norm).
 
 The torch path gathers every decode sequence's blocks into a padded buffer
 (``index_select``) and then runs SDPA over it: the K/V bytes cross memory three
@@ -67,8 +68,10 @@ static inline float exp_neg(float x) {
     x = x < -87.0f ? -87.0f : x;
     /* rint, not the add-and-subtract-2^23 trick: -fassociative-math would fold that away */
     float n = __builtin_rintf(x * 1.44269504088896341f);
-    float r = x - n * 0.693359375f;
-    r = r - n * -2.12194440e-4f;
+    /* fmaf: -fassociative-math would merge two plain products into n * ln2 rounded to
+       float, an error growing with |n| (3.7e-6 relative at x = -72; 7e-8 with fmaf) */
+    float r = __builtin_fmaf(n, -0.693359375f, x);
+    r = __builtin_fmaf(n, 2.12194440e-4f, r);
     float p = 1.0f / 5040.0f;
     p = p * r + 1.0f / 720.0f;
     p = p * r + 1.0f / 120.0f;
@@ -307,6 +310,27 @@ int NAME(const T *q, int64_t q_stride, int64_t hq, const T *k, int64_t k_stride,
 DEFINE_ROTARY(rotary_f32, float, ID, ID)
 DEFINE_ROTARY(rotary_bf16, uint16_t, bf2f, f2bf)
 
+/* SiLU-and-mul of fused gate|up rows (gate = row[0:n], up = row[n:2n], row stride ld):
+   out = T(T(silu(gate)) * up), torch's two roundings (F.silu(gate).mul_(up)). silu(x) =
+   x / (1 + e^-x), written with e = exp(-|x|) <= 1 so it cannot overflow; the same result
+   as torch's within an ulp or two (its exp and ours differ in the last bits). */
+#define DEFINE_SILU_MUL(NAME, T, LOAD, STORE)                                                  \
+int NAME(const T *gu, int64_t ld, int64_t n, T *out, int64_t rows) {                            \
+    for (int64_t r = 0; r < rows; ++r) {                                                        \
+        const T *g = gu + r * ld, *u = g + n;                                                   \
+        T *o = out + r * n;                                                                     \
+        for (int64_t i = 0; i < n; ++i) {                                                       \
+            const float x = LOAD(g[i]);                                                         \
+            const float e = exp_neg(-__builtin_fabsf(x));                                       \
+            const float s = (x >= 0.0f ? x : x * e) / (1.0f + e);                               \
+            o[i] = STORE(LOAD(STORE(s)) * LOAD(u[i]));                                          \
+        }                                                                                       \
+    }                                                                                           \
+    return 0;                                                                                   \
+}
+DEFINE_SILU_MUL(silu_mul_f32, float, ID, ID)
+DEFINE_SILU_MUL(silu_mul_bf16, uint16_t, bf2f, f2bf)
+
 /* bfloat16 residual add + RMSNorm with HF LlamaRMSNorm's roundings:
    residual = bf16(residual + hidden) (stored back; hidden may be NULL),
    y = bf16(r * 1/sqrt(mean(r^2) + eps)) in fp32, out = bf16(weight * y). */
@@ -322,6 +346,25 @@ static inline __attribute__((always_inline)) void add_rms_norm_row(
     for (int64_t i = 0; i < h; ++i) ss += rf[i] * rf[i];
     const float inv = 1.0f / __builtin_sqrtf(ss / (float)h + eps);
     for (int64_t i = 0; i < h; ++i) out[i] = f2bf(bf2f(w[i]) * bf2f(f2bf(rf[i] * inv)));
+}
+
+/* float32: residual += hidden (stored back; hidden may be NULL), out = w * (r * 1/sqrt(mean(r^2)
+   + eps)), HF's two products; only the order of the sum of squares differs from torch's. */
+static inline __attribute__((always_inline)) void add_rms_norm_row_f32(
+        float *res, const float *hid, const float *w, float *out, const int64_t h, float eps) {
+    float ss = 0.0f;
+    if (hid) for (int64_t i = 0; i < h; ++i) res[i] = res[i] + hid[i];
+    for (int64_t i = 0; i < h; ++i) ss += res[i] * res[i];
+    const float inv = 1.0f / __builtin_sqrtf(ss / (float)h + eps);
+    for (int64_t i = 0; i < h; ++i) out[i] = w[i] * (res[i] * inv);
+}
+
+int add_rms_norm_f32(float *res, const float *hid, const float *w, float *out, int64_t rows, int64_t h, float eps) {
+    for (int64_t r = 0; r < rows; ++r) {
+        if (h == 576) add_rms_norm_row_f32(res + r * h, hid ? hid + r * h : 0, w, out + r * h, 576, eps);
+        else add_rms_norm_row_f32(res + r * h, hid ? hid + r * h : 0, w, out + r * h, h, eps);
+    }
+    return 0;
 }
 
 int add_rms_norm_bf16(uint16_t *res, const uint16_t *hid, const uint16_t *w, uint16_t *out,
@@ -356,11 +399,19 @@ class DecodeKernel:
             fn.argtypes = argtypes
             fn.restype = ctypes.c_int
             self.fns[name] = fn
-        fn = lib.add_rms_norm_bf16
-        fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
-                       ctypes.c_int64, ctypes.c_int64, ctypes.c_float]
-        fn.restype = ctypes.c_int
-        self.add_rms_norm_bf16 = fn
+        self.add_rms_norm = {}
+        for name, dt in (("add_rms_norm_f32", "float32"), ("add_rms_norm_bf16", "bfloat16")):
+            fn = getattr(lib, name)
+            fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                           ctypes.c_int64, ctypes.c_int64, ctypes.c_float]
+            fn.restype = ctypes.c_int
+            self.add_rms_norm[dt] = fn
+        self.silu_mul = {}
+        for name, dt in (("silu_mul_f32", "float32"), ("silu_mul_bf16", "bfloat16")):
+            fn = getattr(lib, name)
+            fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64]
+            fn.restype = ctypes.c_int
+            self.silu_mul[dt] = fn
         self.rotary = {}
         for name, dt in (("rotary_f32", "float32"), ("rotary_bf16", "bfloat16")):
             fn = getattr(lib, name)

@@ -57,19 +57,38 @@ def add_rms_norm(residual: torch.Tensor, hidden: torch.Tensor | None, weight: to
                  kernels=None) -> tuple[torch.Tensor, torch.Tensor]:
     """``residual += hidden`` in place (``hidden`` None: no add), then ``rms_norm`` of it;
     returns (normed, residual). With ``kernels`` (gpuworker.attention.cpu_kernels, CPU
-    bfloat16, one torch thread) both run in one C pass with the same roundings
+    float32/bfloat16, one torch thread) both run in one C pass with the same roundings
     (only the order of the fp32 sum of squares differs)."""
-    if (kernels is not None and residual.dtype == torch.bfloat16 and residual.dim() == 2
+    dt = residual.dtype
+    if (kernels is not None and dt in (torch.float32, torch.bfloat16) and residual.dim() == 2
             and residual.is_contiguous() and (hidden is None or hidden.is_contiguous())
             and torch.get_num_threads() == 1):
         out = torch.empty_like(residual)
-        rc = kernels.add_rms_norm_bf16(residual.data_ptr(), None if hidden is None else hidden.data_ptr(),
-                                       weight.data_ptr(), out.data_ptr(), residual.shape[0], residual.shape[1], eps)
+        rc = kernels.add_rms_norm["bfloat16" if dt == torch.bfloat16 else "float32"](
+            residual.data_ptr(), None if hidden is None else hidden.data_ptr(), weight.data_ptr(), out.data_ptr(),
+            residual.shape[0], residual.shape[1], eps)
         if rc == 0:
-            return out, residual  # rc != 0 (hidden size > 8192) is returned before any row is touched
+            return out, residual  # rc != 0 (bf16, hidden size > 8192) is returned before any row is touched
     if hidden is not None:
         residual = residual.add_(hidden)
     return rms_norm(residual, weight, eps), residual
+
+
+def silu_and_mul(gate_up: torch.Tensor, kernels=None) -> torch.Tensor:
+    """``F.silu(gate) * up`` of a fused ``[T, 2I]`` projection. With ``kernels``
+    (gpuworker.attention.cpu_kernels, CPU float32/bfloat16, one torch thread) one C pass
+    with torch's two roundings instead of three passes over a strided half (the silu
+    itself within an ulp or two of torch's)."""
+    n = gate_up.shape[-1] // 2
+    dt = gate_up.dtype
+    if (kernels is not None and dt in (torch.float32, torch.bfloat16) and gate_up.dim() == 2
+            and gate_up.stride(1) == 1 and torch.get_num_threads() == 1):
+        out = torch.empty(gate_up.shape[0], n, dtype=dt)
+        kernels.silu_mul["bfloat16" if dt == torch.bfloat16 else "float32"](
+            gate_up.data_ptr(), gate_up.stride(0), n, out.data_ptr(), gate_up.shape[0])
+        return out
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate).mul_(up)
 
 
 def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
@@ -164,9 +183,9 @@ class DecoderLayer(nn.Module):
         self.down_bias = _param(h, **p) if cfg.mlp_bias else None
         # oneDNN-prepacked copies of the four projection weights (CPU bf16), else None.
         self.packed: dict[str, torch.Tensor] = {}
-        # gpuworker.attention.cpu_kernels (fused add + RMSNorm, CPU bf16), else None.
+        # gpuworker.attention.cpu_kernels (fused add + RMSNorm, CPU fp32/bf16), else None.
         self.cpu_kernels = None
-        # the same module for rotary (CPU fp32 and bf16, bit-identical), else None.
+        # the same module for rotary (bit-identical) and SiLU-and-mul (CPU fp32 and bf16), else None.
         self.rotary_kernels = None
 
     def forward(
@@ -200,8 +219,8 @@ class DecoderLayer(nn.Module):
         x = linear(attn.view(t, self.q_size), self.o_proj, self.o_bias, self.packed.get("o"))
 
         x, residual = add_rms_norm(residual, x, self.post_attention_layernorm, eps, self.cpu_kernels)
-        gate, up = linear(x, self.gate_up_proj, self.gate_up_bias, self.packed.get("gate_up")).chunk(2, dim=-1)
-        x = linear(F.silu(gate).mul_(up), self.down_proj, self.down_bias, self.packed.get("down"))
+        gate_up = linear(x, self.gate_up_proj, self.gate_up_bias, self.packed.get("gate_up"))
+        x = linear(silu_and_mul(gate_up, self.rotary_kernels), self.down_proj, self.down_bias, self.packed.get("down"))
         return x, residual
 
 
@@ -254,8 +273,9 @@ class LlamaForCausalLM(nn.Module):
 
     def use_cpu_kernels(self) -> bool:
         """C kernels (gpuworker.attention.cpu_kernels) on CPU: rotary in float32 and
-        bfloat16 (bit-identical to the torch ops); fused residual-add + RMSNorm in
-        bfloat16 only (float32 keeps the torch norm, bit-identical to HF). Returns False,
+        bfloat16 (bit-identical to the torch ops) and SiLU-and-mul (within an ulp or
+        two of torch's silu); fused residual-add + RMSNorm (the same roundings as
+        HF's norm but for the order of the sum of squares). Returns False,
         changing nothing, where the kernels do not build or do not apply."""
         if self.dtype not in (torch.float32, torch.bfloat16) or self.embed_tokens.device.type != "cpu":
             return False
@@ -265,9 +285,8 @@ class LlamaForCausalLM(nn.Module):
         if kernels is None:
             return False
         for layer in self.layers:
-            layer.rotary_kernels = kernels  # bit-identical: float32 too
-            if self.dtype == torch.bfloat16:
-                layer.cpu_kernels = kernels
+            layer.rotary_kernels = kernels  # rotary bit-identical, silu within an ulp: float32 too
+            layer.cpu_kernels = kernels
         return True
 
     # ------------------------------------------------------------------ CPU weight prepacking
