@@ -33,9 +33,11 @@ def test_a_sessions_jobs_follow_its_worker(module_redis, tiny_model, start_worke
 
 def test_an_idle_worker_takes_a_session_job_when_its_worker_is_busy(module_redis, tiny_model, start_worker):
     served = "affinity-steal"
-    # One slot each; the pace makes the long job outlast the steal delay whatever the machine.
+    # One slot each. The pace (0.25 s a step: 100 s for the long job) keeps the busy worker
+    # busy while the idle one starts, however slow a loaded machine makes that start; the
+    # long job is cancelled once the steal is seen, so the pace costs no wall time.
     busy = start_worker(module_redis.url, tiny_model, served, "steal-busy", "--max-num-seqs", "1",
-                        "--interactive-reserve", "0", "--step-pace-s", "0.02")
+                        "--interactive-reserve", "0", "--step-pace-s", "0.25")
     p = Producer(module_redis.url, default_model=served)
     first = p.submit(prompt_token_ids=[3, 4, 5], sampling={**GREEDY, "max_tokens": 2}, session_id="s-busy")
     first.result(timeout=120)
@@ -48,6 +50,7 @@ def test_an_idle_worker_takes_a_session_job_when_its_worker_is_busy(module_redis
     h.result(timeout=120)
     assert h.status()["worker"] == "steal-idle"
     assert long.status()["status"] == "running"  # taken while its preferred worker was still busy
+    assert long.cancel()
     p.close()
 
 
