@@ -60,12 +60,13 @@ class _Prefill:
 
 @dataclass
 class _NativeDecode:
-    """All decode rows of a step for the C kernel (gpuworker.attention.cpu_kernels):
-    host int64 arrays, read through their data pointers."""
+    """The rows of a step for the C kernel (gpuworker.attention.cpu_kernels): every
+    decode row and every row of a prompt that starts at position 0; host int64 arrays,
+    read through their data pointers."""
 
-    q_rows: torch.Tensor  # [N] query row of each decode sequence
-    seq_idx: torch.Tensor  # [N] its row in meta.block_tables
-    lens: torch.Tensor  # [N] its length (context + this token)
+    q_rows: torch.Tensor  # [N] query row
+    seq_idx: torch.Tensor  # [N] its sequence's row in meta.block_tables
+    lens: torch.Tensor  # [N] the keys it sees (its position + 1)
     max_len: int
 
 
@@ -132,8 +133,9 @@ class TorchAttentionBackend(AttentionBackend):
         native = self._use_native(meta, num_heads, groups, dtype, device)
         # The C kernel's rows: (query row, sequence, keys it sees). A prefill chunk that
         # starts a sequence goes there too (its row j sees j + 1 keys): the kernel skips
-        # the masked half of the scores that baddbmm/SDPA compute, 1.05x (128 tokens) to
-        # 2.8x (2,048) faster in fp32 here. With a context it is ~2x slower than baddbmm
+        # the masked half of the scores that baddbmm/SDPA compute: even at 128 tokens,
+        # 1.2x at 256-512, 2.5-3x at 1,024-2,048 in fp32 here (scripts/
+        # bench_prefill_attention.py). With a context it is ~2x slower than baddbmm
         # (dot products vs a matmul over the mostly unmasked scores): those stay.
         n_rows: list[int] = []
         n_seqs: list[int] = []
