@@ -399,28 +399,24 @@ class DecodeKernel:
             fn.argtypes = argtypes
             fn.restype = ctypes.c_int
             self.fns[name] = fn
-        self.add_rms_norm = {}
-        for name, dt in (("add_rms_norm_f32", "float32"), ("add_rms_norm_bf16", "bfloat16")):
-            fn = getattr(lib, name)
-            fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
-                           ctypes.c_int64, ctypes.c_int64, ctypes.c_float]
-            fn.restype = ctypes.c_int
-            self.add_rms_norm[dt] = fn
-        self.silu_mul = {}
-        for name, dt in (("silu_mul_f32", "float32"), ("silu_mul_bf16", "bfloat16")):
-            fn = getattr(lib, name)
-            fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64]
-            fn.restype = ctypes.c_int
-            self.silu_mul[dt] = fn
-        self.rotary = {}
-        for name, dt in (("rotary_f32", "float32"), ("rotary_bf16", "bfloat16")):
-            fn = getattr(lib, name)
-            fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,
-                           ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
-                           ctypes.c_void_p, ctypes.c_int64]
-            fn.restype = ctypes.c_int
-            self.rotary[dt] = fn
+        p, i = ctypes.c_void_p, ctypes.c_int64
+        # elementwise kernels, one C function per dtype, looked up by the tensor's dtype
+        self.add_rms_norm = _by_dtype(lib, "add_rms_norm", [p, p, p, p, i, i, ctypes.c_float])
+        self.silu_mul = _by_dtype(lib, "silu_mul", [p, i, i, p, i])
+        self.rotary = _by_dtype(lib, "rotary", [p, i, i, p, i, i, i, p, p, p, p, i])
 
+
+def _by_dtype(lib: ctypes.CDLL, stem: str, argtypes: list) -> dict:
+    """{torch.float32: <stem>_f32, torch.bfloat16: <stem>_bf16}, typed for ctypes."""
+    import torch
+
+    fns = {}
+    for suffix, dt in (("f32", torch.float32), ("bf16", torch.bfloat16)):
+        fn = getattr(lib, f"{stem}_{suffix}")
+        fn.argtypes = argtypes
+        fn.restype = ctypes.c_int
+        fns[dt] = fn
+    return fns
 
 def _cpu_flags() -> str:
     try:

@@ -64,7 +64,7 @@ def add_rms_norm(residual: torch.Tensor, hidden: torch.Tensor | None, weight: to
             and residual.is_contiguous() and (hidden is None or hidden.is_contiguous())
             and torch.get_num_threads() == 1):
         out = torch.empty_like(residual)
-        rc = kernels.add_rms_norm["bfloat16" if dt == torch.bfloat16 else "float32"](
+        rc = kernels.add_rms_norm[dt](
             residual.data_ptr(), None if hidden is None else hidden.data_ptr(), weight.data_ptr(), out.data_ptr(),
             residual.shape[0], residual.shape[1], eps)
         if rc == 0:
@@ -84,7 +84,7 @@ def silu_and_mul(gate_up: torch.Tensor, kernels=None) -> torch.Tensor:
     if (kernels is not None and dt in (torch.float32, torch.bfloat16) and gate_up.dim() == 2
             and gate_up.stride(1) == 1 and torch.get_num_threads() == 1):
         out = torch.empty(gate_up.shape[0], n, dtype=dt)
-        kernels.silu_mul["bfloat16" if dt == torch.bfloat16 else "float32"](
+        kernels.silu_mul[dt](
             gate_up.data_ptr(), gate_up.stride(0), n, out.data_ptr(), gate_up.shape[0])
         return out
     gate, up = gate_up.chunk(2, dim=-1)
@@ -146,7 +146,7 @@ def rotate_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Te
         rows, hq, d = q.shape
         qo = torch.empty(q.shape, dtype=dt)
         ko = torch.empty(k.shape, dtype=dt)
-        kernels.rotary["bfloat16" if dt == torch.bfloat16 else "float32"](
+        kernels.rotary[dt](
             q.data_ptr(), q.stride(0), hq, k.data_ptr(), k.stride(0), k.shape[1], d,
             cos.data_ptr(), sin.data_ptr(), qo.data_ptr(), ko.data_ptr(), rows)
         return qo, ko
@@ -183,10 +183,8 @@ class DecoderLayer(nn.Module):
         self.down_bias = _param(h, **p) if cfg.mlp_bias else None
         # oneDNN-prepacked copies of the four projection weights (CPU bf16), else None.
         self.packed: dict[str, torch.Tensor] = {}
-        # gpuworker.attention.cpu_kernels (fused add + RMSNorm, CPU fp32/bf16), else None.
+        # gpuworker.attention.cpu_kernels (add + RMSNorm, rotary, SiLU-and-mul; CPU fp32/bf16), else None.
         self.cpu_kernels = None
-        # the same module for rotary (bit-identical) and SiLU-and-mul (CPU fp32 and bf16), else None.
-        self.rotary_kernels = None
 
     def forward(
         self,
@@ -214,13 +212,13 @@ class DecoderLayer(nn.Module):
             q = rms_norm(q, self.q_norm, eps)
             k = rms_norm(k, self.k_norm, eps)
         cos, sin = rotary
-        q, k = rotate_qk(q, k, cos, sin, self.rotary_kernels)
+        q, k = rotate_qk(q, k, cos, sin, self.cpu_kernels)
         attn = self.backend.forward(q, k, v, kv_cache, meta, self.scale)
         x = linear(attn.view(t, self.q_size), self.o_proj, self.o_bias, self.packed.get("o"))
 
         x, residual = add_rms_norm(residual, x, self.post_attention_layernorm, eps, self.cpu_kernels)
         gate_up = linear(x, self.gate_up_proj, self.gate_up_bias, self.packed.get("gate_up"))
-        x = linear(silu_and_mul(gate_up, self.rotary_kernels), self.down_proj, self.down_bias, self.packed.get("down"))
+        x = linear(silu_and_mul(gate_up, self.cpu_kernels), self.down_proj, self.down_bias, self.packed.get("down"))
         return x, residual
 
 
@@ -285,7 +283,6 @@ class LlamaForCausalLM(nn.Module):
         if kernels is None:
             return False
         for layer in self.layers:
-            layer.rotary_kernels = kernels  # rotary bit-identical, silu within an ulp: float32 too
             layer.cpu_kernels = kernels
         return True
 
