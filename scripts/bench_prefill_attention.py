@@ -19,29 +19,20 @@ import torch  # noqa: E402
 
 from gpuworker.attention.base import AttentionMetadata  # noqa: E402
 from gpuworker.attention.torch_backend import TorchAttentionBackend  # noqa: E402
+from tests.models.paged import build_metadata  # noqa: E402  (the test suite's step builder)
 
 BS, HQ, HK, D = 16, 9, 3, 64
 
 
 def metadata(seqs: list[tuple[int, int]]) -> tuple[AttentionMetadata, int]:
-    """seqs: (context, query) per sequence, blocks laid out one after another."""
-    slots, tables, nxt = [], [], 1
-    width = max(-(-(c + q) // BS) for c, q in seqs)
+    """seqs: (context, query) per sequence, blocks laid out one after another (block 0
+    unused); returns the step's metadata and the number of blocks."""
+    tables, nxt = [], 1
     for c, q in seqs:
         n = -(-(c + q) // BS)
-        blocks = list(range(nxt, nxt + n))
+        tables.append(list(range(nxt, nxt + n)))
         nxt += n
-        tables.append(blocks + [0] * (width - n))
-        slots += [blocks[p // BS] * BS + p % BS for p in range(c, c + q)]
-    starts = [0]
-    for _, q in seqs:
-        starts.append(starts[-1] + q)
-    lens = [c + q for c, q in seqs]
-    meta = AttentionMetadata(torch.tensor(slots), torch.tensor(starts, dtype=torch.int32),
-                             torch.tensor(lens, dtype=torch.int32), torch.tensor([c for c, _ in seqs], dtype=torch.int32),
-                             torch.tensor(tables, dtype=torch.int32), max(q for _, q in seqs), max(lens), BS,
-                             [q for _, q in seqs], lens, True)
-    return meta, nxt
+    return build_metadata(seqs, tables, BS)[0], nxt
 
 
 def parse_case(text: str) -> list[tuple[int, int]]:
