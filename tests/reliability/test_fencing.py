@@ -4,7 +4,7 @@ Worker A reaches Redis through a TCP proxy that stops forwarding while A's jobs
 run; worker B reclaims them and starts attempt 2; A finishes its attempt-1 work
 during the stall and, when the link comes back, sends its prepared finishes.
 Every one is refused by Redis (and counted), so each job ends with exactly one
-final event, from the live attempt, and every reader returns it: the sync SDK,
+final event, from the live attempt (never attempt 1), and every reader returns it: the sync SDK,
 the gateway non-streamed, and the gateway streamed. Also: one worker id can be
 used by one live process only."""
 from __future__ import annotations
@@ -108,17 +108,25 @@ def test_partitioned_worker_cannot_finish_the_live_attempt(server, tiny_model, o
         # A's attempt-1 work ends either refused by Redis (counted) or dropped by its
         # lease keeper first (renewal reports the entries lost); never published.
         wait_for(lambda: a.metric("inferq:jobs_in_flight") == 0, 60, what="A letting go of its jobs")
+        # Each job has exactly one final event, from the live attempt: attempt 2 on B.
+        # A later attempt is fair too: a shared CI core that freezes B past three
+        # leases (3 s) lets a reaper take the job again (CI saw attempt 3, on A once it
+        # had recovered). What must never be published is A's attempt 1.
+        later = 0
         for j in ids:
             events = [decode_event(f) for _, f in r.xrange(keys.reply(j))]
             finals = [e for e in events if e.type in ("done", "error")]
-            assert [(e.type, e.attempt) for e in finals] == [("done", 2)], (j, finals)
             st = info(r, j)
-            assert st["status"] == "done" and st["worker"] == "part-b" and st["attempt"] == "2", st
+            assert [e.type for e in finals] == ["done"] and finals[0].attempt >= 2, (j, finals)
+            assert st["status"] == "done" and st["attempt"] == str(finals[0].attempt), (j, finals, st)
+            if finals[0].attempt == 2:
+                assert st["worker"] == "part-b", st
+            later += finals[0].attempt > 2
         assert r.xlen(keys.jobs(MODEL)) == 0 and pending_count(r, MODEL) == 0 and r.xlen(keys.dlq(MODEL)) == 0
         assert a.proc.poll() is None and b.proc.poll() is None  # nobody died of it
         refused = a.metric("inferq:fenced_refusals_total")
         print(f"\n[reliability] partition: 12 jobs, attempt 1 on the cut-off worker, attempt 2 on the other; "
-              f"{refused:.0f} stale state changes refused; 12 single final events (attempt 2)")
+              f"{refused:.0f} stale state changes refused; 12 single final events ({later} past attempt 2)")
     finally:
         proxy.resume()
         p.close()
