@@ -135,6 +135,70 @@ int amx_linear_bf16(const uint16_t *x, int64_t ldx, int64_t m, const uint16_t *w
     return 0;
 }
 
+/* ---- bfloat16 on AVX512-BF16 without AMX (e.g. AMD Zen 4): vdpbf16ps on 32-column panels.
+   W[n,k] row-major -> [n/32 panels][k/2 pairs][32 columns][2]: a panel is contiguous, 128 bytes per pair. */
+int dp_pack_bf16(const uint16_t *w, int64_t n, int64_t k, uint16_t *out) {
+    if (n % 32 || k % 2) return -1;
+    const int64_t kp_n = k / 2;
+    for (int64_t nb = 0; nb < n / 32; ++nb)
+        for (int64_t kp = 0; kp < kp_n; ++kp)
+            for (int c = 0; c < 32; ++c)
+                for (int j = 0; j < 2; ++j)
+                    out[((nb * kp_n + kp) * 32 + c) * 2 + j] = w[(nb * 32 + c) * k + 2 * kp + j];
+    return 0;
+}
+
+static inline __m512 bf16x16_to_f32(const uint16_t *p) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+}
+
+/* MR rows x 32 columns of fp32 accumulators (2*MR zmm); each k pair of a row is broadcast as
+   one 32-bit lane pattern and multiplied into both halves of the panel's pair. */
+#define DEFINE_DK(MR)                                                                            \
+static void dk_##MR(const uint16_t *x, int64_t ldx, const uint16_t *b, int64_t k, int first,     \
+                    const uint16_t *bias, uint16_t *y, int64_t ldy) {                            \
+    __m512 a0[MR], a1[MR];                                                                       \
+    for (int r = 0; r < MR; ++r) { a0[r] = _mm512_setzero_ps(); a1[r] = _mm512_setzero_ps(); }   \
+    for (int64_t kp = 0; kp < k / 2; ++kp) {                                                     \
+        if (first) _mm_prefetch((const char *)(b + (kp + 24) * 64), _MM_HINT_T0),               \
+                   _mm_prefetch((const char *)(b + (kp + 24) * 64 + 32), _MM_HINT_T0);          \
+        const __m512bh w0 = (__m512bh)_mm512_loadu_si512(b + kp * 64);                          \
+        const __m512bh w1 = (__m512bh)_mm512_loadu_si512(b + kp * 64 + 32);                     \
+        for (int r = 0; r < MR; ++r) {                                                           \
+            int32_t pair;                                                                        \
+            memcpy(&pair, x + r * ldx + 2 * kp, 4);                                              \
+            const __m512bh xb = (__m512bh)_mm512_set1_epi32(pair);                               \
+            a0[r] = _mm512_dpbf16_ps(a0[r], xb, w0);                                             \
+            a1[r] = _mm512_dpbf16_ps(a1[r], xb, w1);                                             \
+        }                                                                                        \
+    }                                                                                            \
+    const __m512 b0 = bias ? bf16x16_to_f32(bias) : _mm512_setzero_ps();                         \
+    const __m512 b1 = bias ? bf16x16_to_f32(bias + 16) : _mm512_setzero_ps();                    \
+    for (int r = 0; r < MR; ++r) {                                                               \
+        _mm256_storeu_si256((__m256i *)(y + r * ldy), (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(a0[r], b0)));      \
+        _mm256_storeu_si256((__m256i *)(y + r * ldy + 16), (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(a1[r], b1))); \
+    }                                                                                            \
+}
+DEFINE_DK(1) DEFINE_DK(2) DEFINE_DK(3) DEFINE_DK(4) DEFINE_DK(5) DEFINE_DK(6) DEFINE_DK(7)
+DEFINE_DK(8) DEFINE_DK(9) DEFINE_DK(10) DEFINE_DK(11) DEFINE_DK(12) DEFINE_DK(13) DEFINE_DK(14)
+typedef void (*dk_fn)(const uint16_t *, int64_t, const uint16_t *, int64_t, int, const uint16_t *, uint16_t *, int64_t);
+static const dk_fn DK[15] = {0, dk_1, dk_2, dk_3, dk_4, dk_5, dk_6, dk_7, dk_8, dk_9, dk_10, dk_11, dk_12, dk_13, dk_14};
+
+/* y[m,n] = x[m,k] @ W^T (+ bias): bf16 in and out, fp32 accumulation, bias in fp32, one
+   rounding to bf16; one panel at a time, streamed once, rows in chunks of 14. */
+int dp_linear_bf16(const uint16_t *x, int64_t ldx, int64_t m, const uint16_t *wp, int64_t n, int64_t k,
+                   const uint16_t *bias, uint16_t *y, int64_t ldy) {
+    if (n % 32 || k % 2 || m <= 0) return -1;
+    for (int64_t nb = 0; nb < n / 32; ++nb) {
+        const uint16_t *b = wp + nb * k * 32;
+        for (int64_t m0 = 0; m0 < m; m0 += 14) {
+            const int mr = m - m0 < 14 ? (int)(m - m0) : 14;
+            DK[mr](x + m0 * ldx, ldx, b, k, m0 == 0, bias ? bias + nb * 32 : 0, y + m0 * ldy + nb * 32, ldy);
+        }
+    }
+    return 0;
+}
+
 /* ---- float32, AVX-512 FMA. W[n,k] row-major -> [n/32 panels][k][32]: a panel is contiguous. */
 int f32_pack(const float *w, int64_t n, int64_t k, float *out) {
     if (n % 32) return -1;
@@ -270,6 +334,10 @@ _loaded: "ctypes.CDLL | None | bool" = False  # False = not tried yet
 # EPYC; equal past that: scripts/bench_cpu_matmul.py --dtype float32 --no-lm-head).
 MAX_ROWS = {torch.bfloat16: 32, torch.float32: 64}
 MAX_ROWS_AVX2_F32 = 320
+# The AVX512-BF16 kernel runs every batch: on a 2-core Zen 4 it streamed the weights 1.25-1.5x
+# faster than oneDNN's packing at 1-32 rows and matched it up to 2,048 (bench_cpu_matmul.py),
+# so no oneDNN copy is kept beside it.
+MAX_ROWS_DP_BF16 = 1 << 16
 # bf16 models with at most this many bytes of matmul weights also keep oneDNN's packing
 # for larger batches (one more copy of the weights; ~1.2x F.linear at 64-256 rows).
 KEEP_ONEDNN_BYTES = 2 << 30
@@ -297,12 +365,14 @@ def _build() -> ctypes.CDLL | None:
     if lib is None:
         return None
     p, i = ctypes.c_void_p, ctypes.c_int64
-    fns = ("amx_pack_bf16", "f32_pack", "amx_linear_bf16", "f32_linear") if avx512 else ("f32_pack", "f32_linear")
+    fns = (("amx_pack_bf16", "dp_pack_bf16", "f32_pack", "amx_linear_bf16", "dp_linear_bf16", "f32_linear")
+           if avx512 else ("f32_pack", "f32_linear"))
     for name in fns:
         getattr(lib, name).argtypes = [p, i, i, p] if "pack" in name else [p, i, i, p, i, i, p, p, i]
         getattr(lib, name).restype = ctypes.c_int
     lib.isa = "avx512" if avx512 else "avx2"
     lib.amx = avx512 and cpu_kernels.cpu_has("amx_tile", "amx_bf16", "avx512_bf16") and lib.amx_enable() == 0
+    lib.bf16 = "amx" if lib.amx else ("avx512_bf16" if avx512 and cpu_kernels.cpu_has("avx512_bf16") else None)
     return lib
 
 
@@ -311,7 +381,7 @@ def can_pack(lib: ctypes.CDLL, weight: torch.Tensor) -> bool:
     if weight.dim() != 2 or weight.device.type != "cpu" or weight.shape[0] % 32:
         return False
     if weight.dtype == torch.bfloat16:
-        return lib.amx and weight.shape[1] % 32 == 0
+        return weight.shape[1] % (32 if lib.bf16 == "amx" else 2) == 0 if lib.bf16 else False
     return weight.dtype == torch.float32
 
 
@@ -327,8 +397,13 @@ class PackedWeight:
         self.dtype = weight.dtype
         self.n, self.k = weight.shape
         bf16 = self.dtype == torch.bfloat16
-        self.max_rows = MAX_ROWS_AVX2_F32 if lib.isa == "avx2" and not bf16 else MAX_ROWS[self.dtype]
-        self._pack, self._run = (lib.amx_pack_bf16, lib.amx_linear_bf16) if bf16 else (lib.f32_pack, lib.f32_linear)
+        if bf16:
+            self.max_rows = MAX_ROWS[torch.bfloat16] if lib.bf16 == "amx" else MAX_ROWS_DP_BF16
+            self._pack, self._run = ((lib.amx_pack_bf16, lib.amx_linear_bf16) if lib.bf16 == "amx"
+                                     else (lib.dp_pack_bf16, lib.dp_linear_bf16))
+        else:
+            self.max_rows = MAX_ROWS_AVX2_F32 if lib.isa == "avx2" else MAX_ROWS[torch.float32]
+            self._pack, self._run = lib.f32_pack, lib.f32_linear
         w = weight.detach().contiguous()
         self.packed = torch.empty_like(w)
         self._pack(w.data_ptr(), self.n, self.k, self.packed.data_ptr())

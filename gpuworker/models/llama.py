@@ -290,14 +290,16 @@ class LlamaForCausalLM(nn.Module):
     @torch.inference_mode()
     def prepack_cpu_weights(self, batch_hint: int = 32, kernels: bool = True) -> str | None:
         """Repack every matmul weight once for the CPU; returns which packing was used
-        ("amx", "avx512", "avx2" or "onednn"), or None, changing nothing.
+        ("amx", "avx512_bf16", "avx512", "avx2" or "onednn"), or None, changing nothing.
 
-        * "amx" (bfloat16) / "avx512" or "avx2" (float32): panels read by our kernels
-          (gpuworker.models.cpu_linear) for decode-sized batches, where they stream
-          the weights faster than oneDNN/MKL; larger batches keep ``F.linear``, or
-          in bf16 ("amx+onednn", models up to ``cpu_linear.KEEP_ONEDNN_BYTES`` of
-          matmul weights) oneDNN's packing too, at the cost of another copy.
-          Needs AVX-512 or AVX2+FMA (AMX for bf16), torch on one thread, ``kernels``.
+        * "amx" / "avx512_bf16" (bfloat16), "avx512" or "avx2" (float32): panels read by
+          our kernels (gpuworker.models.cpu_linear) for decode-sized batches, where they
+          stream the weights faster than oneDNN/MKL; larger batches keep ``F.linear``,
+          or on AMX ("amx+onednn", models up to ``cpu_linear.KEEP_ONEDNN_BYTES`` of
+          matmul weights) oneDNN's packing too, at the cost of another copy. The
+          AVX512-BF16 kernel takes every batch size (it matches oneDNN on prompts).
+          Needs AVX-512 or AVX2+FMA (AMX or AVX512-BF16 for bf16), torch on one
+          thread, ``kernels``.
         * "onednn" (bfloat16 elsewhere): oneDNN's blocked layout. Plain ``F.linear``
           re-lays the weight out on every call; prepacked it runs 1.5-2.5x faster at
           decode-sized batches here, with bit-identical results.
@@ -312,15 +314,16 @@ class LlamaForCausalLM(nn.Module):
         lib = cpu_linear.load() if kernels and torch.get_num_threads() == 1 else None
         if lib is not None and all(cpu_linear.can_pack(lib, w) for l in self.layers for w in weights(l).values()):
             # Mixed steps (a prompt chunk + decodes, 33-2,048 rows) run ~1.2x faster on
-            # oneDNN's packing than on F.linear: small bf16 models keep both packings.
+            # oneDNN's packing than on F.linear: small bf16 models on AMX keep both.
             nbytes = sum(w.numel() * w.element_size() for l in self.layers for w in weights(l).values())
-            onednn = self._onednn_packs(weights, batch_hint) if bf16 and nbytes <= cpu_linear.KEEP_ONEDNN_BYTES else None
+            keep = bf16 and lib.bf16 == "amx" and nbytes <= cpu_linear.KEEP_ONEDNN_BYTES
+            onednn = self._onednn_packs(weights, batch_hint) if keep else None
             for i, layer in enumerate(self.layers):
                 layer.packed = {name: PackedWeight(lib, w, onednn[0][i][name] if onednn else None)
                                 for name, w in weights(layer).items()}
             if cpu_linear.can_pack(lib, self.lm_head):
                 self.packed_lm_head = PackedWeight(lib, self.lm_head, onednn[1] if onednn else None)
-            kind = "amx" if bf16 else lib.isa
+            kind = lib.bf16 if bf16 else lib.isa
             return kind + "+onednn" if onednn else kind
         onednn = self._onednn_packs(weights, batch_hint) if bf16 else None
         if onednn is None:

@@ -1,5 +1,6 @@
 """The small-batch CPU matmul kernels (gpuworker/models/cpu_linear.py) against
-``F.linear``, alone and inside the model: bfloat16 on AMX, float32 on AVX-512 or AVX2+FMA."""
+``F.linear``, alone and inside the model: bfloat16 on AMX or AVX512-BF16, float32 on
+AVX-512 or AVX2+FMA."""
 from __future__ import annotations
 
 import pytest
@@ -30,8 +31,8 @@ def lib():
 
 
 def _dtype_or_skip(lib, dtype):
-    if dtype == torch.bfloat16 and not lib.amx:
-        pytest.skip("no AMX on this CPU (or Linux refused it): bf16 matmuls use oneDNN's packing")
+    if dtype == torch.bfloat16 and not lib.bf16:
+        pytest.skip("neither AMX nor AVX512-BF16 on this CPU (or Linux refused AMX): bf16 matmuls use oneDNN's packing")
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
@@ -72,6 +73,23 @@ def test_float32_prompt_sized_steps(lib):
         assert err <= max(4 * ref_err, 1e-5), (rows, err, ref_err)
 
 
+def test_bfloat16_dot_product_kernel_takes_any_batch_and_even_k(lib):
+    """The AVX512-BF16 kernel (CPUs without AMX) runs prompt-sized steps too, and any even K."""
+    if lib.bf16 != "avx512_bf16":
+        pytest.skip("the vdpbf16ps kernel is used only on CPUs with AVX512-BF16 and no AMX")
+    g = torch.Generator().manual_seed(11)
+    w, b = torch.randn(64, 50, generator=g).to(torch.bfloat16), torch.randn(64, generator=g).to(torch.bfloat16)
+    packed = cpu_linear.PackedWeight(lib, w)
+    assert packed.larger is None and packed.max_rows >= 2048
+    for rows in (1, 29, 131, 300):
+        x = torch.randn(rows, 50, generator=g).to(torch.bfloat16)
+        assert packed.applies(x, b)
+        got, ref = packed(x, b).float(), F.linear(x, w, b).float()
+        # fp32 sums rounded once to bf16 on both sides: at most one bf16 ulp apart.
+        assert torch.equal(got, ref) or (got - ref).abs().max() <= ref.abs().max() * 2**-7, rows
+    assert not cpu_linear.can_pack(lib, torch.randn(64, 51).to(torch.bfloat16))  # odd K: no k pairs
+
+
 def test_larger_batches_and_other_shapes_stay_on_torch(lib):
     w = torch.randn(64, 64)
     packed = cpu_linear.PackedWeight(lib, w)
@@ -101,10 +119,13 @@ def test_model_with_packed_weights_matches_the_plain_model(lib, dtype, tmp_path)
     want = run_chunked(plain.model, seqs)
     packed = load_model(str(folder), dtype=dtype)
     # bf16: a small model keeps oneDNN's packing beside, for the steps past 32 rows
-    assert packed.model.prepack_cpu_weights() == ("amx+onednn" if dtype == torch.bfloat16 else lib.isa)
+    # (AMX; the AVX512-BF16 kernel runs every batch size itself)
+    amx = dtype == torch.bfloat16 and lib.bf16 == "amx"
+    kind = ("amx+onednn" if amx else lib.bf16) if dtype == torch.bfloat16 else lib.isa
+    assert packed.model.prepack_cpu_weights() == kind
     qkv = packed.model.layers[0].packed["qkv"]
     assert isinstance(qkv, cpu_linear.PackedWeight)
-    assert (qkv.larger is not None) == (dtype == torch.bfloat16)
+    assert (qkv.larger is not None) == amx
     for a, b in zip(run_chunked(packed.model, seqs), want):
         if dtype == torch.bfloat16:
             assert torch.equal(a, b) or (a - b).abs().max().item() < 0.05 * b.abs().max().item()
