@@ -31,6 +31,7 @@ Cody-Waite range reduction plus a degree-7 Taylor polynomial (relative error
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import logging
 import os
@@ -46,8 +47,13 @@ _SOURCE = r"""
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#if defined(__AVX512BF16__) && defined(__AVX512F__)
+#if defined(__AVX512F__)
 #include <immintrin.h>
+#define HAVE_AVX512 1
+#else
+#define HAVE_AVX512 0
+#endif
+#if defined(__AVX512BF16__) && HAVE_AVX512
 #define HAVE_DPBF16 1
 #else
 #define HAVE_DPBF16 0
@@ -84,9 +90,7 @@ static inline float exp_neg(float x) {
     return v.f;
 }
 
-/* bf16 q.k with AVX512-BF16 (vdpbf16ps: exact bf16 products, fp32 sums), d a multiple of 32:
-   scores[g * len + t] = scale * (q_g . k_t) for the n tokens of one block. */
-#if HAVE_DPBF16
+#if HAVE_AVX512
 /* 16 vectors -> one vector of their 16 horizontal sums (lane t = sum of v[t]) */
 static inline __m512 sum16(const __m512 *v) {
     __m512 c[8], e[4], f[2];
@@ -102,6 +106,118 @@ static inline __m512 sum16(const __m512 *v) {
     return _mm512_add_ps(_mm512_shuffle_f32x4(f[0], f[1], 0x88), _mm512_shuffle_f32x4(f[0], f[1], 0xdd));
 }
 
+/* exp_neg on 16 lanes: the same range reduction and polynomial as the scalar version */
+static inline __m512 exp_neg16(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-0.693359375f), x);
+    r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.0f / 5040.0f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    const __m512i e = _mm512_slli_epi32(_mm512_cvtps_epi32(n), 23);
+    return _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(p), e));
+}
+/* sc[t] = exp(sc[t] - max) over len scores; returns their sum (16 lanes at a time: the
+   scalar loop was most of a decode row's time at a few hundred tokens) */
+static inline float softmax_numerators(float *sc, int64_t len) {
+    __m512 vm = _mm512_set1_ps(-__builtin_inff());
+    for (int64_t t = 0; t < len; t += 16) {
+        const __mmask16 k = len - t >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (len - t)) - 1u);
+        vm = _mm512_max_ps(vm, _mm512_mask_loadu_ps(vm, k, sc + t));
+    }
+    const __m512 m = _mm512_set1_ps(_mm512_reduce_max_ps(vm));
+    __m512 vs = _mm512_setzero_ps();
+    for (int64_t t = 0; t < len; t += 16) {
+        const __mmask16 k = len - t >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (len - t)) - 1u);
+        const __m512 e = exp_neg16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, sc + t), m));
+        _mm512_mask_storeu_ps(sc + t, k, e);
+        vs = _mm512_mask_add_ps(vs, k, vs, e);
+    }
+    return _mm512_reduce_add_ps(vs);
+}
+/* fp32 q.k, d a multiple of 16: 16 tokens' dot products as 16 vectors, summed across lanes at
+   once (no horizontal sum per token): scores[g * len + t] = scale * (q_g . k_t). */
+static inline void dots_f32(const float *q, const float *k, int64_t tok_stride, int64_t n,
+                            int64_t g_n, int64_t d, float scale, float *scores, int64_t len) {
+    __m512 acc[16];
+    const __m512 vscale = _mm512_set1_ps(scale);
+    for (int64_t g = 0; g < g_n; ++g) {
+        const float *qg = q + g * d;
+        for (int64_t t = 0; t < 16; ++t) {
+            __m512 a = _mm512_setzero_ps();
+            if (t < n) {
+                const float *kr = k + t * tok_stride;
+                for (int64_t j = 0; j < d; j += 16) a = _mm512_fmadd_ps(_mm512_loadu_ps(qg + j), _mm512_loadu_ps(kr + j), a);
+            }
+            acc[t] = a;
+        }
+        const __m512 s = _mm512_mul_ps(sum16(acc), vscale);
+        _mm512_mask_storeu_ps(scores + g * len, (__mmask16)((1u << n) - 1u), s);
+    }
+}
+/* fp32 p.v for head size 64, GC query heads at a time (as pv64 below, without the bf16 widening) */
+#define DEFINE_PV64F(GC)                                                                        \
+static inline void pv64f_##GC(const float *v, int64_t ts, int64_t n, const float *p,            \
+                              int64_t len, float *acc) {                                        \
+    __m512 a[GC][4];                                                                            \
+    for (int g = 0; g < GC; ++g)                                                                \
+        for (int j = 0; j < 4; ++j) a[g][j] = _mm512_loadu_ps(acc + g * 256 + j * 16);          \
+    for (int64_t t = 0; t < n; ++t) {                                                           \
+        const float *vr = v + t * ts;                                                           \
+        __m512 x[4];                                                                            \
+        for (int j = 0; j < 4; ++j) x[j] = _mm512_loadu_ps(vr + 16 * j);                        \
+        for (int g = 0; g < GC; ++g) {                                                          \
+            const __m512 pb = _mm512_set1_ps(p[g * len + t]);                                   \
+            for (int j = 0; j < 4; ++j) a[g][j] = _mm512_fmadd_ps(pb, x[j], a[g][j]);           \
+        }                                                                                       \
+    }                                                                                           \
+    for (int g = 0; g < GC; ++g)                                                                \
+        for (int j = 0; j < 4; ++j) _mm512_storeu_ps(acc + g * 256 + j * 16, a[g][j]);          \
+}
+DEFINE_PV64F(1)
+DEFINE_PV64F(2)
+DEFINE_PV64F(3)
+DEFINE_PV64F(4)
+static inline void pv64f(const float *v, int64_t ts, int64_t n, const float *p, int64_t len,
+                         float *acc, int64_t g_n) {
+    for (int64_t g0 = 0; g0 < g_n; g0 += 4) {
+        const int64_t gc = g_n - g0 < 4 ? g_n - g0 : 4;
+        const float *pg = p + g0 * len;
+        float *ag = acc + g0 * 256;
+        if (gc == 4) pv64f_4(v, ts, n, pg, len, ag);
+        else if (gc == 3) pv64f_3(v, ts, n, pg, len, ag);
+        else if (gc == 2) pv64f_2(v, ts, n, pg, len, ag);
+        else pv64f_1(v, ts, n, pg, len, ag);
+    }
+}
+#define FAST_DOTS_F32(T, d) (sizeof(T) == 4 && (d) % 16 == 0 && bs == 16)
+#define FAST_PV_F32(T, d) (sizeof(T) == 4 && (d) == 64)
+#else
+static inline void dots_f32(const float *q, const float *k, int64_t tok_stride, int64_t n,
+                            int64_t g_n, int64_t d, float scale, float *scores, int64_t len) { }
+static inline void pv64f(const float *v, int64_t ts, int64_t n, const float *p, int64_t len,
+                         float *acc, int64_t g_n) { }
+#define FAST_DOTS_F32(T, d) 0
+#define FAST_PV_F32(T, d) 0
+static inline float softmax_numerators(float *sc, int64_t len) {
+    float m = sc[0];
+    for (int64_t t = 1; t < len; ++t) m = sc[t] > m ? sc[t] : m;
+    float sum = 0.0f;
+    for (int64_t t = 0; t < len; ++t) { float e = exp_neg(sc[t] - m); sc[t] = e; sum += e; }
+    return sum;
+}
+#endif
+
+/* bf16 q.k with AVX512-BF16 (vdpbf16ps: exact bf16 products, fp32 sums), d a multiple of 32:
+   scores[g * len + t] = scale * (q_g . k_t) for the n tokens of one block. */
+#if HAVE_DPBF16
 static inline void dots_bf16(const uint16_t *q, const uint16_t *k, int64_t tok_stride, int64_t n,
                              int64_t g_n, int64_t d, float scale, float *scores, int64_t len) {
     __m512 acc[16];
@@ -171,6 +287,18 @@ static inline void pv64(const uint16_t *v, int64_t ts, int64_t n, const float *p
 #define FAST_PV(T, d) 0
 #endif
 
+/* Fetch one head's slice of n token rows (a paged block) ahead of use: blocks sit at random
+   places and a head's slice is a strided piece of each row, which the hardware prefetchers
+   do not follow; at a few hundred cached tokens the loads from L3/DRAM were most of the time. */
+static inline void prefetch_rows(const void *p, int64_t n, int64_t stride_bytes, int64_t row_bytes, int far) {
+    const char *c = (const char *)p;
+    for (int64_t t = 0; t < n; ++t)
+        for (int64_t b = 0; b < row_bytes; b += 64) {
+            if (far) __builtin_prefetch(c + t * stride_bytes + b, 0, 2);
+            else __builtin_prefetch(c + t * stride_bytes + b, 0, 3);
+        }
+}
+
 #define MAX_D 256
 #define MAX_G 16
 
@@ -195,13 +323,22 @@ static inline __attribute__((always_inline)) int NAME##_impl(                   
                 const T *qh = qrow + (h * g_n + g) * d;                                       \
                 for (int64_t i = 0; i < d; ++i) qf[g][i] = LOAD(qh[i]) * scale;               \
             }                                                                                 \
-            /* pass 1: scores[g][t] */                                                        \
+            /* pass 1: scores[g][t]; the next block's keys and this block's values fetched ahead */ \
             for (int64_t t0 = 0; t0 < len; t0 += bs) {                                        \
                 const int64_t n = len - t0 < bs ? len - t0 : bs;                              \
                 const int64_t base = ((int64_t)table[t0 / bs] * bs) * tok_stride + h * d;     \
+                if (t0 + bs < len) {                                                          \
+                    const int64_t n2 = len - t0 - bs < bs ? len - t0 - bs : bs;               \
+                    prefetch_rows(kc + ((int64_t)table[t0 / bs + 1] * bs) * tok_stride + h * d, n2, \
+                                  tok_stride * (int64_t)sizeof(T), d * (int64_t)sizeof(T), 0); \
+                }                                                                             \
+                prefetch_rows(vc + base, n, tok_stride * (int64_t)sizeof(T), d * (int64_t)sizeof(T), 1); \
                 if (FAST_DOTS(T, d)) {                                                        \
                     dots_bf16((const uint16_t *)qrow + h * g_n * d, (const uint16_t *)(kc + base), \
                               tok_stride, n, g_n, d, scale, scratch + t0, len);               \
+                } else if (FAST_DOTS_F32(T, d)) {                                             \
+                    dots_f32((const float *)qrow + h * g_n * d, (const float *)(kc + base),   \
+                             tok_stride, n, g_n, d, scale, scratch + t0, len);                \
                 } else {                                                                      \
                 for (int64_t t = 0; t < n; ++t) {                                             \
                     const T *kr = kc + base + t * tok_stride;                                 \
@@ -217,12 +354,7 @@ static inline __attribute__((always_inline)) int NAME##_impl(                   
             /* pass 2: softmax numerators and their sums */                                   \
             float inv[MAX_G];                                                                 \
             for (int64_t g = 0; g < g_n; ++g) {                                               \
-                float *sc = scratch + g * len;                                                \
-                float m = sc[0];                                                              \
-                for (int64_t t = 1; t < len; ++t) m = sc[t] > m ? sc[t] : m;                  \
-                float sum = 0.0f;                                                             \
-                for (int64_t t = 0; t < len; ++t) { float e = exp_neg(sc[t] - m); sc[t] = e; sum += e; } \
-                inv[g] = 1.0f / sum;                                                          \
+                inv[g] = 1.0f / softmax_numerators(scratch + g * len, len);                   \
                 for (int64_t i = 0; i < d; ++i) acc[g][i] = 0.0f;                             \
             }                                                                                 \
             /* pass 3: acc[g] += p[g][t] * v[t] */                                            \
@@ -232,6 +364,11 @@ static inline __attribute__((always_inline)) int NAME##_impl(                   
                 if (FAST_PV(T, d)) {                                                          \
                     pv64((const uint16_t *)(vc + base), tok_stride, n, scratch + t0, len,     \
                          &acc[0][0], g_n);                                                    \
+                    continue;                                                                 \
+                }                                                                             \
+                if (FAST_PV_F32(T, d)) {                                                      \
+                    pv64f((const float *)(vc + base), tok_stride, n, scratch + t0, len,       \
+                          &acc[0][0], g_n);                                                   \
                     continue;                                                                 \
                 }                                                                             \
                 for (int64_t t = 0; t < n; ++t) {                                             \
@@ -434,6 +571,18 @@ def cpu_has(*features: str) -> bool:
     """Whether /proc/cpuinfo lists every one of these flags (e.g. ``amx_bf16``)."""
     flags = set(_cpu_flags().split())
     return all(f in flags for f in features)
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_vendor() -> str:
+    """/proc/cpuinfo's vendor_id ("GenuineIntel", "AuthenticAMD"), or "" where unknown."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("vendor_id"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
 
 
 def _cache_dir() -> Path:

@@ -4,7 +4,7 @@ A decode step of a small model is a read of every weight for a few rows of
 activations. At 32 rows, SmolLM2-135M's bf16 weights (270 MB) took ~40 ms through
 oneDNN (~6.5 GB/s) where a plain streaming read of the same bytes runs at ~9 GB/s
 on one core here; in float32, MKL's sgemm ran at ~45 GFLOP/s at 16-32 rows, about
-a third of one core's FMA peak. Two kernels, both reading a weight packed once into
+a third of one core's FMA peak. Four kernels, each reading a weight packed once into
 panels of 32 output columns x all of K (contiguous, so a matmul is one sequential
 pass with software prefetch), each row chunk reusing the panel from L1/L2:
 
@@ -12,9 +12,17 @@ pass with software prefetch), each row chunk reusing the panel from L1/L2:
   tiles (a tail chunk zero-padded), fp32 accumulation in the tiles (``tdpbf16ps``),
   bias in fp32, one rounding to bf16 as oneDNN does: equal to ``F.linear`` up to 32
   rows on this machine. ~1.2-1.3x oneDNN's prepacked speed at 1-32 rows.
+* bfloat16 on AVX512-BF16 without AMX (e.g. AMD Zen 4): the panel as [K/2][32][2]
+  (one k pair of 32 columns per 128 bytes), 14 rows x 32 columns of fp32 accumulators,
+  ``vdpbf16ps`` with each row's k pair broadcast; bias in fp32, one rounding to bf16,
+  as oneDNN does (equal to it or one ulp apart). On a 2-core Zen 4: 1.25-1.5x oneDNN's
+  packing at 1-32 rows, and equal up to 2,048 rows, so it runs every batch size there.
 * float32 on AVX-512: 14 rows x 32 columns of accumulators in registers, K summed
   in blocks of 64 that are then added in order (a rounding error like MKL's, not a
-  576-long chain). 1.4-2x ``F.linear`` at 1-64 rows (not bit-identical to it).
+  576-long chain). 1.4-2x ``F.linear`` at 1-64 rows (not bit-identical to it). Off
+  Intel, MKL (``F.linear``) takes a generic path, 2.2x slower than this kernel at
+  128-2,048 rows on a 2-core Zen 4: there larger batches go to oneDNN's packing (small
+  models, ~1.15x this kernel at 2,048 rows) or else to this kernel.
 * float32 on AVX2 + FMA without AVX-512 (e.g. AMD EPYC before Zen 4): the same with
   16-column panels and 6 x 16 accumulators; 1.1-2x ``F.linear`` (MKL) at 1-64 rows
   on a 2-core EPYC (scripts/bench_cpu_matmul.py), and ~1.2x at 100-320 rows, so
@@ -25,7 +33,8 @@ single-threaded); larger batches (prompt chunks) stay on ``F.linear``, which is 
 as fast as a prepacked oneDNN weight there. Built like the other C kernels
 (gpuworker/attention/cpu_kernels.py): on CPUs with AVX-512F (else AVX2 + FMA), AMX only where
 /proc/cpuinfo lists it and Linux grants the process AMX state
-(``arch_prctl(ARCH_REQ_XCOMP_PERM)``).
+(``arch_prctl(ARCH_REQ_XCOMP_PERM)``); ``lib.bf16`` names the bf16 kernel ("amx",
+"avx512_bf16" or None).
 """
 from __future__ import annotations
 
@@ -338,8 +347,33 @@ MAX_ROWS_AVX2_F32 = 320
 # faster than oneDNN's packing at 1-32 rows and matched it up to 2,048 (bench_cpu_matmul.py),
 # so no oneDNN copy is kept beside it.
 MAX_ROWS_DP_BF16 = 1 << 16
-# bf16 models with at most this many bytes of matmul weights also keep oneDNN's packing
-# for larger batches (one more copy of the weights; ~1.2x F.linear at 64-256 rows).
+# Off Intel, MKL's sgemm (torch's float32 F.linear) takes a generic code path: on a 2-core
+# Zen 4 the AVX-512 kernel was 2.2x faster at 128-2,048 rows, so without a oneDNN packing
+# beside it, it runs every batch size there.
+MAX_ROWS_AVX512_F32_OFF_INTEL = 1 << 16
+
+
+def f32_max_rows(lib: ctypes.CDLL, onednn_beside: bool) -> int:
+    """Rows up to which the float32 kernel runs (above: oneDNN's packing or ``F.linear``)."""
+    if lib.isa == "avx2":
+        return MAX_ROWS_AVX2_F32
+    if onednn_beside or cpu_kernels.cpu_vendor() == "GenuineIntel":
+        return MAX_ROWS[torch.float32]
+    return MAX_ROWS_AVX512_F32_OFF_INTEL
+
+
+def onednn_wins_past_max_rows(lib: ctypes.CDLL, dtype: torch.dtype) -> bool:
+    """Whether batches past the kernel's rows run faster on oneDNN's packing than on
+    ``F.linear`` or the kernel: bf16 on AMX, fp32 on AVX-512 off Intel (~1.15x the kernel
+    at 2,048 rows on a 2-core Zen 4)."""
+    if dtype == torch.bfloat16:
+        return lib.bf16 == "amx"
+    return lib.isa == "avx512" and cpu_kernels.cpu_vendor() != "GenuineIntel"
+
+
+# Models with at most this many bytes of matmul weights also keep oneDNN's packing for
+# larger batches where it wins (one more copy of the weights): bf16 on AMX (~1.2x
+# F.linear at 64-256 rows) and float32 on AVX-512 off Intel (see f32_max_rows).
 KEEP_ONEDNN_BYTES = 2 << 30
 
 
@@ -402,7 +436,7 @@ class PackedWeight:
             self._pack, self._run = ((lib.amx_pack_bf16, lib.amx_linear_bf16) if lib.bf16 == "amx"
                                      else (lib.dp_pack_bf16, lib.dp_linear_bf16))
         else:
-            self.max_rows = MAX_ROWS_AVX2_F32 if lib.isa == "avx2" else MAX_ROWS[torch.float32]
+            self.max_rows = f32_max_rows(lib, larger is not None)
             self._pack, self._run = lib.f32_pack, lib.f32_linear
         w = weight.detach().contiguous()
         self.packed = torch.empty_like(w)

@@ -60,12 +60,12 @@ def test_kernel_matches_f_linear(lib, dtype, rows, bias):
 
 
 def test_float32_prompt_sized_steps(lib):
-    """Past 64 rows (the AVX2 kernel runs prompt steps too): every row chunk of 6, K not a
-    multiple of the 64-long summation blocks, a bias."""
+    """Past 64 rows (the AVX2 kernel, and the AVX-512 one off Intel, run prompt steps too):
+    every row chunk, K not a multiple of the 64-long summation blocks, a bias."""
     g = torch.Generator().manual_seed(7)
     w, b = torch.randn(64, 200, generator=g), torch.randn(64, generator=g)
     packed = cpu_linear.PackedWeight(lib, w)
-    for rows in sorted({min(131, packed.max_rows), packed.max_rows}):
+    for rows in sorted({min(131, packed.max_rows), min(packed.max_rows, 2048)}):
         x = torch.randn(rows, 200, generator=g)
         got, ref = packed(x, b), F.linear(x, w, b)
         exact = F.linear(x.double(), w.double(), b.double())
@@ -119,13 +119,13 @@ def test_model_with_packed_weights_matches_the_plain_model(lib, dtype, tmp_path)
     want = run_chunked(plain.model, seqs)
     packed = load_model(str(folder), dtype=dtype)
     # bf16: a small model keeps oneDNN's packing beside, for the steps past 32 rows
-    # (AMX; the AVX512-BF16 kernel runs every batch size itself)
-    amx = dtype == torch.bfloat16 and lib.bf16 == "amx"
-    kind = ("amx+onednn" if amx else lib.bf16) if dtype == torch.bfloat16 else lib.isa
+    # (bf16 on AMX, fp32 on AVX-512 off Intel; the AVX512-BF16 kernel runs every batch size)
+    keep = cpu_linear.onednn_wins_past_max_rows(lib, dtype)
+    kind = (lib.bf16 if dtype == torch.bfloat16 else lib.isa) + ("+onednn" if keep else "")
     assert packed.model.prepack_cpu_weights() == kind
     qkv = packed.model.layers[0].packed["qkv"]
     assert isinstance(qkv, cpu_linear.PackedWeight)
-    assert (qkv.larger is not None) == amx
+    assert (qkv.larger is not None) == keep
     for a, b in zip(run_chunked(packed.model, seqs), want):
         if dtype == torch.bfloat16:
             assert torch.equal(a, b) or (a - b).abs().max().item() < 0.05 * b.abs().max().item()
