@@ -142,37 +142,45 @@ static inline float softmax_numerators(float *sc, int64_t len) {
     }
     return _mm512_reduce_add_ps(vs);
 }
-/* fp32 q.k, d a multiple of 16: 16 tokens' dot products as 16 vectors, summed across lanes at
-   once (no horizontal sum per token): scores[g * len + t] = scale * (q_g . k_t). */
-static inline void dots_f32(const float *q, const float *k, int64_t tok_stride, int64_t n,
-                            int64_t g_n, int64_t d, float scale, float *scores, int64_t len) {
-    __m512 acc[16];
-    const __m512 vscale = _mm512_set1_ps(scale);
-    for (int64_t g = 0; g < g_n; ++g) {
-        const float *qg = q + g * d;
-        for (int64_t t = 0; t < 16; ++t) {
-            __m512 a = _mm512_setzero_ps();
-            if (t < n) {
-                const float *kr = k + t * tok_stride;
-                for (int64_t j = 0; j < d; j += 16) a = _mm512_fmadd_ps(_mm512_loadu_ps(qg + j), _mm512_loadu_ps(kr + j), a);
-            }
-            acc[t] = a;
-        }
-        const __m512 s = _mm512_mul_ps(sum16(acc), vscale);
-        _mm512_mask_storeu_ps(scores + g * len, (__mmask16)((1u << n) - 1u), s);
-    }
+/* q.k for the n (<= 16) tokens of one block and g_n query heads: 16 tokens' dot products as 16
+   vectors, summed across lanes at once (no horizontal sum per token):
+   scores[g * len + t] = scale * (q_g . k_t). FMA(acc, q, k) adds STEP values' products. */
+#define DEFINE_DOTS(NAME, T, STEP, FMA)                                                          \
+static inline void NAME(const T *q, const T *k, int64_t tok_stride, int64_t n,                   \
+                        int64_t g_n, int64_t d, float scale, float *scores, int64_t len) {      \
+    __m512 acc[16];                                                                              \
+    const __m512 vscale = _mm512_set1_ps(scale);                                                 \
+    for (int64_t g = 0; g < g_n; ++g) {                                                          \
+        const T *qg = q + g * d;                                                                 \
+        for (int64_t t = 0; t < 16; ++t) {                                                       \
+            __m512 a = _mm512_setzero_ps();                                                      \
+            if (t < n) {                                                                         \
+                const T *kr = k + t * tok_stride;                                                \
+                for (int64_t j = 0; j < d; j += STEP) a = FMA(a, qg + j, kr + j);                \
+            }                                                                                    \
+            acc[t] = a;                                                                          \
+        }                                                                                        \
+        const __m512 s = _mm512_mul_ps(sum16(acc), vscale);                                      \
+        _mm512_mask_storeu_ps(scores + g * len, (__mmask16)((1u << n) - 1u), s);                 \
+    }                                                                                            \
 }
-/* fp32 p.v for head size 64, GC query heads at a time (as pv64 below, without the bf16 widening) */
-#define DEFINE_PV64F(GC)                                                                        \
-static inline void pv64f_##GC(const float *v, int64_t ts, int64_t n, const float *p,            \
-                              int64_t len, float *acc) {                                        \
+#define FMA_F32(a, x, y) _mm512_fmadd_ps(_mm512_loadu_ps(x), _mm512_loadu_ps(y), a)
+DEFINE_DOTS(dots_f32, float, 16, FMA_F32)
+/* p.v for head size 64: acc[g] (row stride MAX_D) += p[g][t] * v[t] over the n tokens of one
+   block, GC query heads at a time with their accumulators in registers; LOAD16 widens 16
+   values of the cache's dtype to fp32. */
+#define LOAD16_F32(p) _mm512_loadu_ps(p)
+#define LOAD16_BF16(p) _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(p))), 16))
+#define DEFINE_PV64(NAME, T, LOAD16, GC)                                                        \
+static inline void NAME##_##GC(const T *v, int64_t ts, int64_t n, const float *p,               \
+                               int64_t len, float *acc) {                                       \
     __m512 a[GC][4];                                                                            \
     for (int g = 0; g < GC; ++g)                                                                \
         for (int j = 0; j < 4; ++j) a[g][j] = _mm512_loadu_ps(acc + g * 256 + j * 16);          \
     for (int64_t t = 0; t < n; ++t) {                                                           \
-        const float *vr = v + t * ts;                                                           \
+        const T *vr = v + t * ts;                                                               \
         __m512 x[4];                                                                            \
-        for (int j = 0; j < 4; ++j) x[j] = _mm512_loadu_ps(vr + 16 * j);                        \
+        for (int j = 0; j < 4; ++j) x[j] = LOAD16(vr + 16 * j);                                 \
         for (int g = 0; g < GC; ++g) {                                                          \
             const __m512 pb = _mm512_set1_ps(p[g * len + t]);                                   \
             for (int j = 0; j < 4; ++j) a[g][j] = _mm512_fmadd_ps(pb, x[j], a[g][j]);           \
@@ -181,22 +189,24 @@ static inline void pv64f_##GC(const float *v, int64_t ts, int64_t n, const float
     for (int g = 0; g < GC; ++g)                                                                \
         for (int j = 0; j < 4; ++j) _mm512_storeu_ps(acc + g * 256 + j * 16, a[g][j]);          \
 }
-DEFINE_PV64F(1)
-DEFINE_PV64F(2)
-DEFINE_PV64F(3)
-DEFINE_PV64F(4)
-static inline void pv64f(const float *v, int64_t ts, int64_t n, const float *p, int64_t len,
-                         float *acc, int64_t g_n) {
-    for (int64_t g0 = 0; g0 < g_n; g0 += 4) {
-        const int64_t gc = g_n - g0 < 4 ? g_n - g0 : 4;
-        const float *pg = p + g0 * len;
-        float *ag = acc + g0 * 256;
-        if (gc == 4) pv64f_4(v, ts, n, pg, len, ag);
-        else if (gc == 3) pv64f_3(v, ts, n, pg, len, ag);
-        else if (gc == 2) pv64f_2(v, ts, n, pg, len, ag);
-        else pv64f_1(v, ts, n, pg, len, ag);
-    }
+#define DEFINE_PV64_ALL(NAME, T, LOAD16)                                                        \
+DEFINE_PV64(NAME, T, LOAD16, 1) DEFINE_PV64(NAME, T, LOAD16, 2)                                 \
+DEFINE_PV64(NAME, T, LOAD16, 3) DEFINE_PV64(NAME, T, LOAD16, 4)                                 \
+static inline void NAME(const T *v, int64_t ts, int64_t n, const float *p, int64_t len,         \
+                        float *acc, int64_t g_n) {                                              \
+    for (int64_t g0 = 0; g0 < g_n; g0 += 4) {                                                   \
+        const int64_t gc = g_n - g0 < 4 ? g_n - g0 : 4;                                         \
+        const float *pg = p + g0 * len;                                                         \
+        float *ag = acc + g0 * 256;                                                             \
+        if (gc == 4) NAME##_4(v, ts, n, pg, len, ag);                                           \
+        else if (gc == 3) NAME##_3(v, ts, n, pg, len, ag);                                      \
+        else if (gc == 2) NAME##_2(v, ts, n, pg, len, ag);                                      \
+        else NAME##_1(v, ts, n, pg, len, ag);                                                   \
+    }                                                                                           \
 }
+DEFINE_PV64_ALL(pv64f, float, LOAD16_F32)
+DEFINE_PV64_ALL(pv64, uint16_t, LOAD16_BF16)
+#define FAST_PV(T, d) (sizeof(T) == 2 && (d) == 64)
 #define FAST_DOTS_F32(T, d) (sizeof(T) == 4 && (d) % 16 == 0 && bs == 16)
 #define FAST_PV_F32(T, d) (sizeof(T) == 4 && (d) == 64)
 #else
@@ -204,8 +214,11 @@ static inline void dots_f32(const float *q, const float *k, int64_t tok_stride, 
                             int64_t g_n, int64_t d, float scale, float *scores, int64_t len) { }
 static inline void pv64f(const float *v, int64_t ts, int64_t n, const float *p, int64_t len,
                          float *acc, int64_t g_n) { }
+static inline void pv64(const uint16_t *v, int64_t ts, int64_t n, const float *p, int64_t len,
+                        float *acc, int64_t g_n) { }
 #define FAST_DOTS_F32(T, d) 0
 #define FAST_PV_F32(T, d) 0
+#define FAST_PV(T, d) 0
 static inline float softmax_numerators(float *sc, int64_t len) {
     float m = sc[0];
     for (int64_t t = 1; t < len; ++t) m = sc[t] > m ? sc[t] : m;
@@ -218,73 +231,14 @@ static inline float softmax_numerators(float *sc, int64_t len) {
 /* bf16 q.k with AVX512-BF16 (vdpbf16ps: exact bf16 products, fp32 sums), d a multiple of 32:
    scores[g * len + t] = scale * (q_g . k_t) for the n tokens of one block. */
 #if HAVE_DPBF16
-static inline void dots_bf16(const uint16_t *q, const uint16_t *k, int64_t tok_stride, int64_t n,
-                             int64_t g_n, int64_t d, float scale, float *scores, int64_t len) {
-    __m512 acc[16];
-    const __m512 vscale = _mm512_set1_ps(scale);
-    for (int64_t g = 0; g < g_n; ++g) {
-        const uint16_t *qg = q + g * d;
-        for (int64_t t = 0; t < 16; ++t) {
-            __m512 a = _mm512_setzero_ps();
-            if (t < n) {
-                const uint16_t *kr = k + t * tok_stride;
-                for (int64_t j = 0; j < d; j += 32)
-                    a = _mm512_dpbf16_ps(a, (__m512bh)_mm512_loadu_si512(qg + j), (__m512bh)_mm512_loadu_si512(kr + j));
-            }
-            acc[t] = a;
-        }
-        const __m512 s = _mm512_mul_ps(sum16(acc), vscale);
-        _mm512_mask_storeu_ps(scores + g * len, (__mmask16)((1u << n) - 1u), s);
-    }
-}
+#define FMA_BF16(a, x, y) _mm512_dpbf16_ps(a, (__m512bh)_mm512_loadu_si512(x), (__m512bh)_mm512_loadu_si512(y))
+DEFINE_DOTS(dots_bf16, uint16_t, 32, FMA_BF16)
 #define FAST_DOTS(T, d) (sizeof(T) == 2 && (d) % 32 == 0 && bs == 16)
-/* bf16 p.v for head size 64: acc[g] (row stride MAX_D) += p[g][t] * v[t] over the n tokens of
-   one block, GC query heads at a time with their accumulators in registers. */
-#define DEFINE_PV64(GC)                                                                         \
-static inline void pv64_##GC(const uint16_t *v, int64_t ts, int64_t n, const float *p,          \
-                             int64_t len, float *acc) {                                         \
-    __m512 a[GC][4];                                                                            \
-    for (int g = 0; g < GC; ++g)                                                                \
-        for (int j = 0; j < 4; ++j) a[g][j] = _mm512_loadu_ps(acc + g * 256 + j * 16);          \
-    for (int64_t t = 0; t < n; ++t) {                                                           \
-        const uint16_t *vr = v + t * ts;                                                        \
-        __m512 x[4];                                                                            \
-        for (int j = 0; j < 4; ++j)                                                             \
-            x[j] = _mm512_castsi512_ps(_mm512_slli_epi32(                                       \
-                _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(vr + 16 * j))), 16)); \
-        for (int g = 0; g < GC; ++g) {                                                          \
-            const __m512 pb = _mm512_set1_ps(p[g * len + t]);                                   \
-            for (int j = 0; j < 4; ++j) a[g][j] = _mm512_fmadd_ps(pb, x[j], a[g][j]);           \
-        }                                                                                       \
-    }                                                                                           \
-    for (int g = 0; g < GC; ++g)                                                                \
-        for (int j = 0; j < 4; ++j) _mm512_storeu_ps(acc + g * 256 + j * 16, a[g][j]);          \
-}
-DEFINE_PV64(1)
-DEFINE_PV64(2)
-DEFINE_PV64(3)
-DEFINE_PV64(4)
-static inline void pv64(const uint16_t *v, int64_t ts, int64_t n, const float *p, int64_t len,
-                        float *acc, int64_t g_n) {
-    for (int64_t g0 = 0; g0 < g_n; g0 += 4) {
-        const int64_t gc = g_n - g0 < 4 ? g_n - g0 : 4;
-        const float *pg = p + g0 * len;
-        float *ag = acc + g0 * 256;
-        if (gc == 4) pv64_4(v, ts, n, pg, len, ag);
-        else if (gc == 3) pv64_3(v, ts, n, pg, len, ag);
-        else if (gc == 2) pv64_2(v, ts, n, pg, len, ag);
-        else pv64_1(v, ts, n, pg, len, ag);
-    }
-}
-#define FAST_PV(T, d) (sizeof(T) == 2 && (d) == 64)
 
 #else
 static inline void dots_bf16(const uint16_t *q, const uint16_t *k, int64_t tok_stride, int64_t n,
                              int64_t g_n, int64_t d, float scale, float *scores, int64_t len) { }
 #define FAST_DOTS(T, d) 0
-static inline void pv64(const uint16_t *v, int64_t ts, int64_t n, const float *p, int64_t len,
-                        float *acc, int64_t g_n) { }
-#define FAST_PV(T, d) 0
 #endif
 
 /* Fetch one head's slice of n token rows (a paged block) ahead of use: blocks sit at random

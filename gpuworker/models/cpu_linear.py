@@ -193,20 +193,25 @@ DEFINE_DK(8) DEFINE_DK(9) DEFINE_DK(10) DEFINE_DK(11) DEFINE_DK(12) DEFINE_DK(13
 typedef void (*dk_fn)(const uint16_t *, int64_t, const uint16_t *, int64_t, int, const uint16_t *, uint16_t *, int64_t);
 static const dk_fn DK[15] = {0, dk_1, dk_2, dk_3, dk_4, dk_5, dk_6, dk_7, dk_8, dk_9, dk_10, dk_11, dk_12, dk_13, dk_14};
 
-/* y[m,n] = x[m,k] @ W^T (+ bias): bf16 in and out, fp32 accumulation, bias in fp32, one
-   rounding to bf16; one panel at a time, streamed once, rows in chunks of 14. */
-int dp_linear_bf16(const uint16_t *x, int64_t ldx, int64_t m, const uint16_t *wp, int64_t n, int64_t k,
-                   const uint16_t *bias, uint16_t *y, int64_t ldy) {
-    if (n % 32 || k % 2 || m <= 0) return -1;
-    for (int64_t nb = 0; nb < n / 32; ++nb) {
-        const uint16_t *b = wp + nb * k * 32;
-        for (int64_t m0 = 0; m0 < m; m0 += 14) {
-            const int mr = m - m0 < 14 ? (int)(m - m0) : 14;
-            DK[mr](x + m0 * ldx, ldx, b, k, m0 == 0, bias ? bias + nb * 32 : 0, y + m0 * ldy + nb * 32, ldy);
-        }
-    }
-    return 0;
+/* y[m,n] = x[m,k] @ W^T (+ bias) on 32-column panels of k*32 values (both AVX-512 kernels): one
+   panel at a time, streamed once (prefetched on the first row chunk), rows in chunks of 14
+   (28 accumulators in registers), each chunk reusing the panel from L1/L2. */
+#define DEFINE_PANEL_LINEAR(NAME, T, KERNELS, K_REJECTED)                                         \
+int NAME(const T *x, int64_t ldx, int64_t m, const T *wp, int64_t n, int64_t k,                  \
+         const T *bias, T *y, int64_t ldy) {                                                     \
+    if (n % 32 || (K_REJECTED) || m <= 0) return -1;                                             \
+    for (int64_t nb = 0; nb < n / 32; ++nb) {                                                    \
+        const T *b = wp + nb * k * 32;                                                           \
+        for (int64_t m0 = 0; m0 < m; m0 += 14) {                                                 \
+            const int mr = m - m0 < 14 ? (int)(m - m0) : 14;                                     \
+            KERNELS[mr](x + m0 * ldx, ldx, b, k, m0 == 0, bias ? bias + nb * 32 : 0,             \
+                        y + m0 * ldy + nb * 32, ldy);                                            \
+        }                                                                                        \
+    }                                                                                            \
+    return 0;                                                                                    \
 }
+/* bf16 in and out, fp32 accumulation, bias in fp32, one rounding to bf16 */
+DEFINE_PANEL_LINEAR(dp_linear_bf16, uint16_t, DK, k % 2)
 
 /* ---- float32, AVX-512 FMA. W[n,k] row-major -> [n/32 panels][k][32]: a panel is contiguous. */
 int f32_pack(const float *w, int64_t n, int64_t k, float *out) {
@@ -251,21 +256,7 @@ DEFINE_MK(8) DEFINE_MK(9) DEFINE_MK(10) DEFINE_MK(11) DEFINE_MK(12) DEFINE_MK(13
 typedef void (*mk_fn)(const float *, int64_t, const float *, int64_t, int, const float *, float *, int64_t);
 static const mk_fn MK[15] = {0, mk_1, mk_2, mk_3, mk_4, mk_5, mk_6, mk_7, mk_8, mk_9, mk_10, mk_11, mk_12, mk_13, mk_14};
 
-/* y[m,n] = x[m,k] @ W^T (+ bias): 32 output columns (one panel) at a time, streamed once
-   (prefetched ahead on the first pass); rows in chunks of 14 (28 accumulators in registers),
-   each chunk reusing the panel from L1/L2. */
-int f32_linear(const float *x, int64_t ldx, int64_t m, const float *wp, int64_t n, int64_t k,
-               const float *bias, float *y, int64_t ldy) {
-    if (n % 32 || m <= 0) return -1;
-    for (int64_t nb = 0; nb < n / 32; ++nb) {
-        const float *b = wp + nb * k * 32;
-        for (int64_t m0 = 0; m0 < m; m0 += 14) {
-            const int mr = m - m0 < 14 ? (int)(m - m0) : 14;
-            MK[mr](x + m0 * ldx, ldx, b, k, m0 == 0, bias ? bias + nb * 32 : 0, y + m0 * ldy + nb * 32, ldy);
-        }
-    }
-    return 0;
-}
+DEFINE_PANEL_LINEAR(f32_linear, float, MK, 0)
 """
 
 _FLAGS = ["-O3", "-march=native", "-mamx-tile", "-mamx-bf16", "-mavx512bf16", "-fPIC", "-shared", "-std=gnu11"]
