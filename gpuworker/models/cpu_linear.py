@@ -21,8 +21,7 @@ pass with software prefetch), each row chunk reusing the panel from L1/L2:
   in blocks of 64 that are then added in order (a rounding error like MKL's, not a
   576-long chain). 1.4-2x ``F.linear`` at 1-64 rows (not bit-identical to it). Off
   Intel, MKL (``F.linear``) takes a generic path, 2.2x slower than this kernel at
-  128-2,048 rows on a 2-core Zen 4: there larger batches go to oneDNN's packing (small
-  models, ~1.15x this kernel at 2,048 rows) or else to this kernel.
+  128-2,048 rows on a 2-core Zen 4, so there the kernel runs every batch size.
 * float32 on AVX2 + FMA without AVX-512 (e.g. AMD EPYC before Zen 4): the same with
   16-column panels and 6 x 16 accumulators; 1.1-2x ``F.linear`` (MKL) at 1-64 rows
   on a 2-core EPYC (scripts/bench_cpu_matmul.py), and ~1.2x at 100-320 rows, so
@@ -339,32 +338,21 @@ MAX_ROWS_AVX2_F32 = 320
 # so no oneDNN copy is kept beside it.
 MAX_ROWS_DP_BF16 = 1 << 16
 # Off Intel, MKL's sgemm (torch's float32 F.linear) takes a generic code path: on a 2-core
-# Zen 4 the AVX-512 kernel was 2.2x faster at 128-2,048 rows, so without a oneDNN packing
-# beside it, it runs every batch size there.
+# Zen 4 the AVX-512 kernel was 2.2x faster at 128-2,048 rows, so there it runs every batch
+# size. (oneDNN's fp32 packing was ~1.15x the kernel at 2,048 rows, but it builds a
+# primitive per distinct batch size: a worker's memory grew by ~430 MB over 12,000 jobs.)
 MAX_ROWS_AVX512_F32_OFF_INTEL = 1 << 16
 
 
-def f32_max_rows(lib: ctypes.CDLL, onednn_beside: bool) -> int:
-    """Rows up to which the float32 kernel runs (above: oneDNN's packing or ``F.linear``)."""
+def f32_max_rows(lib: ctypes.CDLL) -> int:
+    """Rows up to which the float32 kernel runs (above: ``F.linear``)."""
     if lib.isa == "avx2":
         return MAX_ROWS_AVX2_F32
-    if onednn_beside or cpu_kernels.cpu_vendor() == "GenuineIntel":
-        return MAX_ROWS[torch.float32]
-    return MAX_ROWS_AVX512_F32_OFF_INTEL
+    return MAX_ROWS[torch.float32] if cpu_kernels.cpu_vendor() == "GenuineIntel" else MAX_ROWS_AVX512_F32_OFF_INTEL
 
 
-def onednn_wins_past_max_rows(lib: ctypes.CDLL, dtype: torch.dtype) -> bool:
-    """Whether batches past the kernel's rows run faster on oneDNN's packing than on
-    ``F.linear`` or the kernel: bf16 on AMX, fp32 on AVX-512 off Intel (~1.15x the kernel
-    at 2,048 rows on a 2-core Zen 4)."""
-    if dtype == torch.bfloat16:
-        return lib.bf16 == "amx"
-    return lib.isa == "avx512" and cpu_kernels.cpu_vendor() != "GenuineIntel"
-
-
-# Models with at most this many bytes of matmul weights also keep oneDNN's packing for
-# larger batches where it wins (one more copy of the weights): bf16 on AMX (~1.2x
-# F.linear at 64-256 rows) and float32 on AVX-512 off Intel (see f32_max_rows).
+# bf16 models on AMX with at most this many bytes of matmul weights also keep oneDNN's
+# packing for larger batches (one more copy of the weights; ~1.2x F.linear at 64-256 rows).
 KEEP_ONEDNN_BYTES = 2 << 30
 
 
@@ -427,7 +415,7 @@ class PackedWeight:
             self._pack, self._run = ((lib.amx_pack_bf16, lib.amx_linear_bf16) if lib.bf16 == "amx"
                                      else (lib.dp_pack_bf16, lib.dp_linear_bf16))
         else:
-            self.max_rows = f32_max_rows(lib, larger is not None)
+            self.max_rows = f32_max_rows(lib)
             self._pack, self._run = lib.f32_pack, lib.f32_linear
         w = weight.detach().contiguous()
         self.packed = torch.empty_like(w)

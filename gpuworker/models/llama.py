@@ -295,10 +295,10 @@ class LlamaForCausalLM(nn.Module):
         * "amx" / "avx512_bf16" (bfloat16), "avx512" or "avx2" (float32): panels read by
           our kernels (gpuworker.models.cpu_linear) for decode-sized batches, where they
           stream the weights faster than oneDNN/MKL; larger batches keep ``F.linear``,
-          or where oneDNN wins there ("amx+onednn", "avx512+onednn" off Intel; models
-          up to ``cpu_linear.KEEP_ONEDNN_BYTES`` of matmul weights) oneDNN's packing
-          too, at the cost of another copy. The AVX512-BF16 kernel takes every batch
-          size (it matches oneDNN on prompts).
+          or on AMX ("amx+onednn", models up to ``cpu_linear.KEEP_ONEDNN_BYTES`` of
+          matmul weights) oneDNN's packing too, at the cost of another copy. The
+          AVX512-BF16 kernel takes every batch size (it matches oneDNN on prompts), and
+          so does the AVX-512 fp32 one off Intel (MKL's generic path is slow there).
           Needs AVX-512 or AVX2+FMA (AMX or AVX512-BF16 for bf16), torch on one
           thread, ``kernels``.
         * "onednn" (bfloat16 elsewhere): oneDNN's blocked layout. Plain ``F.linear``
@@ -314,10 +314,10 @@ class LlamaForCausalLM(nn.Module):
         bf16 = self.dtype == torch.bfloat16
         lib = cpu_linear.load() if kernels and torch.get_num_threads() == 1 else None
         if lib is not None and all(cpu_linear.can_pack(lib, w) for l in self.layers for w in weights(l).values()):
-            # Where oneDNN's packing beats both our kernel and F.linear on mixed steps (a
-            # prompt chunk + decodes, up to 2,048 rows), small models keep both packings.
+            # Mixed steps (a prompt chunk + decodes, 33-2,048 rows) run ~1.2x faster on
+            # oneDNN's packing than on F.linear: small bf16 models on AMX keep both.
             nbytes = sum(w.numel() * w.element_size() for l in self.layers for w in weights(l).values())
-            keep = cpu_linear.onednn_wins_past_max_rows(lib, self.dtype) and nbytes <= cpu_linear.KEEP_ONEDNN_BYTES
+            keep = bf16 and lib.bf16 == "amx" and nbytes <= cpu_linear.KEEP_ONEDNN_BYTES
             onednn = self._onednn_packs(weights, batch_hint) if keep else None
             for i, layer in enumerate(self.layers):
                 layer.packed = {name: PackedWeight(lib, w, onednn[0][i][name] if onednn else None)
@@ -345,12 +345,9 @@ class LlamaForCausalLM(nn.Module):
             lm = pack(self.lm_head)
             probe = torch.randn(3, self.config.hidden_size, dtype=self.dtype)
             w = self.layers[0].qkv_proj
-            got = torch.ops.mkldnn._linear_pointwise(probe, layer_packs[0]["qkv"], self.layers[0].qkv_bias,
-                                                     "none", [], "")
-            want = F.linear(probe, w, self.layers[0].qkv_bias)
-            # bf16: the same kernels as F.linear, bit for bit; fp32: oneDNN's sum order, not MKL's
-            same = torch.equal(got, want) if self.dtype == torch.bfloat16 else torch.allclose(got, want, rtol=1e-4, atol=1e-5)
-            if not same:
+            if not torch.equal(torch.ops.mkldnn._linear_pointwise(probe, layer_packs[0]["qkv"], self.layers[0].qkv_bias,
+                                                                  "none", [], ""),
+                               F.linear(probe, w, self.layers[0].qkv_bias)):
                 return None
         except Exception:  # an older oneDNN or torch build: stay on F.linear
             return None

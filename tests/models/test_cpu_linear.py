@@ -119,8 +119,8 @@ def test_model_with_packed_weights_matches_the_plain_model(lib, dtype, tmp_path)
     want = run_chunked(plain.model, seqs)
     packed = load_model(str(folder), dtype=dtype)
     # bf16: a small model keeps oneDNN's packing beside, for the steps past 32 rows
-    # (bf16 on AMX, fp32 on AVX-512 off Intel; the AVX512-BF16 kernel runs every batch size)
-    keep = cpu_linear.onednn_wins_past_max_rows(lib, dtype)
+    # (bf16 on AMX; the AVX512-BF16 kernel runs every batch size)
+    keep = dtype == torch.bfloat16 and lib.bf16 == "amx"
     kind = (lib.bf16 if dtype == torch.bfloat16 else lib.isa) + ("+onednn" if keep else "")
     assert packed.model.prepack_cpu_weights() == kind
     qkv = packed.model.layers[0].packed["qkv"]
