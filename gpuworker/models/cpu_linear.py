@@ -12,16 +12,16 @@ pass with software prefetch), each row chunk reusing the panel from L1/L2:
   tiles (a tail chunk zero-padded), fp32 accumulation in the tiles (``tdpbf16ps``),
   bias in fp32, one rounding to bf16 as oneDNN does: equal to ``F.linear`` up to 32
   rows on this machine. ~1.2-1.3x oneDNN's prepacked speed at 1-32 rows.
-* bfloat16 on AVX512-BF16 without AMX (e.g. AMD Zen 4): the panel as [K/2][32][2]
+* bfloat16 on AVX512-BF16 without AMX (e.g. AMD Zen 4 and 5): the panel as [K/2][32][2]
   (one k pair of 32 columns per 128 bytes), 14 rows x 32 columns of fp32 accumulators,
   ``vdpbf16ps`` with each row's k pair broadcast; bias in fp32, one rounding to bf16,
-  as oneDNN does (equal to it or one ulp apart). On a 2-core Zen 4: 1.25-1.5x oneDNN's
+  as oneDNN does (equal to it or one ulp apart). On a 2-core Zen 5: 1.25-1.5x oneDNN's
   packing at 1-32 rows, and equal up to 2,048 rows, so it runs every batch size there.
 * float32 on AVX-512: 14 rows x 32 columns of accumulators in registers, K summed
   in blocks of 64 that are then added in order (a rounding error like MKL's, not a
   576-long chain). 1.4-2x ``F.linear`` at 1-64 rows (not bit-identical to it). Off
   Intel, MKL (``F.linear``) takes a generic path, 2.2x slower than this kernel at
-  128-2,048 rows on a 2-core Zen 4, so there the kernel runs every batch size.
+  128-2,048 rows on a 2-core Zen 5, so there the kernel runs every batch size.
 * float32 on AVX2 + FMA without AVX-512 (e.g. AMD EPYC before Zen 4): the same with
   16-column panels and 6 x 16 accumulators; 1.1-2x ``F.linear`` (MKL) at 1-64 rows
   on a 2-core EPYC (scripts/bench_cpu_matmul.py), and ~1.2x at 100-320 rows, so
@@ -143,7 +143,7 @@ int amx_linear_bf16(const uint16_t *x, int64_t ldx, int64_t m, const uint16_t *w
     return 0;
 }
 
-/* ---- bfloat16 on AVX512-BF16 without AMX (e.g. AMD Zen 4): vdpbf16ps on 32-column panels.
+/* ---- bfloat16 on AVX512-BF16 without AMX (e.g. AMD Zen 4 and 5): vdpbf16ps on 32-column panels.
    W[n,k] row-major -> [n/32 panels][k/2 pairs][32 columns][2]: a panel is contiguous, 128 bytes per pair. */
 int dp_pack_bf16(const uint16_t *w, int64_t n, int64_t k, uint16_t *out) {
     if (n % 32 || k % 2) return -1;
@@ -255,7 +255,59 @@ DEFINE_MK(8) DEFINE_MK(9) DEFINE_MK(10) DEFINE_MK(11) DEFINE_MK(12) DEFINE_MK(13
 typedef void (*mk_fn)(const float *, int64_t, const float *, int64_t, int, const float *, float *, int64_t);
 static const mk_fn MK[15] = {0, mk_1, mk_2, mk_3, mk_4, mk_5, mk_6, mk_7, mk_8, mk_9, mk_10, mk_11, mk_12, mk_13, mk_14};
 
-DEFINE_PANEL_LINEAR(f32_linear, float, MK, 0)
+DEFINE_PANEL_LINEAR(f32_linear_narrow, float, MK, 0)
+
+/* Past 32 rows: two panels at a time, 6 rows x 64 columns of accumulators (24 registers), so
+   each k step loads 4 weight vectors and 6 broadcasts for 24 FMAs where the 14 x 32 kernel
+   loads 2 and 14 for 28. On a 2-core Zen 5 ~1.2x the 14 x 32 kernel at 64-2,048 rows and
+   even with oneDNN's packing. Same summation order per output, so the same results. */
+#define DEFINE_MK2(MR)                                                                           \
+static void mk2_##MR(const float *x, int64_t ldx, const float *p0, const float *p1, int64_t k,  \
+                     const float *bias, float *y, int64_t ldy) {                                 \
+    for (int64_t k0 = 0; k0 < k; k0 += KB) {                                                     \
+        const int64_t k1 = k - k0 < KB ? k : k0 + KB;                                            \
+        __m512 a[MR][4];                                                                         \
+        for (int r = 0; r < MR; ++r)                                                             \
+            for (int j = 0; j < 4; ++j) a[r][j] = _mm512_setzero_ps();                           \
+        for (int64_t kk = k0; kk < k1; ++kk) {                                                   \
+            const __m512 w0 = _mm512_loadu_ps(p0 + kk * 32), w1 = _mm512_loadu_ps(p0 + kk * 32 + 16); \
+            const __m512 w2 = _mm512_loadu_ps(p1 + kk * 32), w3 = _mm512_loadu_ps(p1 + kk * 32 + 16); \
+            for (int r = 0; r < MR; ++r) {                                                       \
+                const __m512 xb = _mm512_set1_ps(x[r * ldx + kk]);                               \
+                a[r][0] = _mm512_fmadd_ps(xb, w0, a[r][0]);                                      \
+                a[r][1] = _mm512_fmadd_ps(xb, w1, a[r][1]);                                      \
+                a[r][2] = _mm512_fmadd_ps(xb, w2, a[r][2]);                                      \
+                a[r][3] = _mm512_fmadd_ps(xb, w3, a[r][3]);                                      \
+            }                                                                                    \
+        }                                                                                        \
+        for (int r = 0; r < MR; ++r) {                                                           \
+            float *yr = y + r * ldy;                                                             \
+            for (int j = 0; j < 4; ++j) {                                                        \
+                if (k0) a[r][j] = _mm512_add_ps(_mm512_loadu_ps(yr + 16 * j), a[r][j]);          \
+                if (k1 == k && bias) a[r][j] = _mm512_add_ps(a[r][j], _mm512_loadu_ps(bias + 16 * j)); \
+                _mm512_storeu_ps(yr + 16 * j, a[r][j]);                                          \
+            }                                                                                    \
+        }                                                                                        \
+    }                                                                                            \
+}
+DEFINE_MK2(1) DEFINE_MK2(2) DEFINE_MK2(3) DEFINE_MK2(4) DEFINE_MK2(5) DEFINE_MK2(6)
+typedef void (*mk2_fn)(const float *, int64_t, const float *, const float *, int64_t, const float *, float *, int64_t);
+static const mk2_fn MK2[7] = {0, mk2_1, mk2_2, mk2_3, mk2_4, mk2_5, mk2_6};
+
+int f32_linear(const float *x, int64_t ldx, int64_t m, const float *wp, int64_t n, int64_t k,
+               const float *bias, float *y, int64_t ldy) {
+    if (m <= 32 || n % 32) return f32_linear_narrow(x, ldx, m, wp, n, k, bias, y, ldy);
+    for (int64_t np = 0; np < n / 64; ++np) {
+        const float *p0 = wp + 2 * np * k * 32, *p1 = p0 + k * 32;
+        for (int64_t m0 = 0; m0 < m; m0 += 6) {
+            const int mr = m - m0 < 6 ? (int)(m - m0) : 6;
+            MK2[mr](x + m0 * ldx, ldx, p0, p1, k, bias ? bias + np * 64 : 0, y + m0 * ldy + np * 64, ldy);
+        }
+    }
+    if (n % 64)  /* an odd last panel */
+        return f32_linear_narrow(x, ldx, m, wp + (n - 32) * k, 32, k, bias ? bias + n - 32 : 0, y + n - 32, ldy);
+    return 0;
+}
 """
 
 _FLAGS = ["-O3", "-march=native", "-mamx-tile", "-mamx-bf16", "-mavx512bf16", "-fPIC", "-shared", "-std=gnu11"]
@@ -333,12 +385,12 @@ _loaded: "ctypes.CDLL | None | bool" = False  # False = not tried yet
 # EPYC; equal past that: scripts/bench_cpu_matmul.py --dtype float32 --no-lm-head).
 MAX_ROWS = {torch.bfloat16: 32, torch.float32: 64}
 MAX_ROWS_AVX2_F32 = 320
-# The AVX512-BF16 kernel runs every batch: on a 2-core Zen 4 it streamed the weights 1.25-1.5x
+# The AVX512-BF16 kernel runs every batch: on a 2-core Zen 5 it streamed the weights 1.25-1.5x
 # faster than oneDNN's packing at 1-32 rows and matched it up to 2,048 (bench_cpu_matmul.py),
 # so no oneDNN copy is kept beside it.
 MAX_ROWS_DP_BF16 = 1 << 16
 # Off Intel, MKL's sgemm (torch's float32 F.linear) takes a generic code path: on a 2-core
-# Zen 4 the AVX-512 kernel was 2.2x faster at 128-2,048 rows, so there it runs every batch
+# Zen 5 the AVX-512 kernel was 2.2x faster at 128-2,048 rows, so there it runs every batch
 # size. (oneDNN's fp32 packing was ~1.15x the kernel at 2,048 rows, but it builds a
 # primitive per distinct batch size: a worker's memory grew by ~430 MB over 12,000 jobs.)
 MAX_ROWS_AVX512_F32_OFF_INTEL = 1 << 16
