@@ -237,6 +237,9 @@ def test_second_entry_with_a_running_job_id_is_dead_lettered_quietly(worker, p, 
     job = Job(model=MODEL, prompt="only once", sampling=SamplingParams(max_tokens=60, temperature=0, ignore_eos=True))
     r.xadd(keys.jobs(MODEL), job.to_fields())
     r.xadd(keys.jobs(MODEL), job.to_fields())  # a client bug or a replay: same id twice
+    # Written past the SDK, the job has no record until the worker takes it (the SDK would
+    # say "not found" before that): wait for the worker, not for a guessed delay.
+    wait_for(lambda: r.exists(keys.reply(job.id), keys.job_info(job.id)), 30, what="the worker taking the job")
     res = p.job(job.id).result(timeout=60)
     assert res.usage.completion_tokens == 60 and res.attempt == 1
     codes = [f[b"code"] for _, f in r.xrange(keys.dlq(MODEL)) if f[b"job"] == job.to_fields()["job"].encode()]
