@@ -31,7 +31,9 @@ def test_up_on_external_redis_and_doctor_finds_the_kv_limit(stack, tmp_path):
          "--model", str(stack.model_dir), "--served-model-name", MODEL, "--device", "cpu", "--api-keys", "secret-1",
          # 12 blocks x 16 tokens of KV cache: 16 jobs of ~130 tokens cannot all fit.
          "--worker-arg=--num-kv-blocks=12", "--worker-arg=--max-model-len=160", "--worker-arg=--max-num-seqs=16",
-         "--worker-arg=--drain-timeout=2"],
+         "--worker-arg=--drain-timeout=2",
+         # Paced (0.1 s a step): the 16 jobs are still running when doctor samples, on any machine.
+         "--worker-arg=--step-pace-s=0.1"],
         cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     out = LineReader(proc.stdout)
     kids: set[int] = set()

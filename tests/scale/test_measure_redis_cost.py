@@ -27,10 +27,12 @@ def test_measure_redis_cost_smoke(tmp_path):
     assert d["events_long_phase_per_job"] == 3 + tokens
     ev = d["per_event"]
     # Each extra token: exactly one reply XADD; the cancel EXISTS is per job in
-    # flight per publish round trip, so about one per token.
+    # flight per publish round trip: one per token while the publisher keeps up, down
+    # to 1/8 when an engine faster than the round trips queues steps (one round trip
+    # carries up to --max-flush-steps 8 of them; seen on a fast CI machine: 0.43).
     assert ev["calls"]["xadd"] == pytest.approx(1.0)
-    assert 0.5 <= ev["calls"]["exists"] <= 2.0
-    assert 2.0 <= ev["commands"] <= 4.0
+    assert 1 / 8 <= ev["calls"]["exists"] <= 2.0
+    assert 1.0 < ev["commands"] <= 4.0  # the XADD plus its share of the round trip (EXISTS, MULTI/EXEC)
     assert ev["bytes_in"] > 0 and ev["cpu_us"] > 0
     job = d["per_job"]
     assert job["calls"]["evalsha"] == 1.0 and job["calls"]["xack"] == 1.0 and job["calls"]["xdel"] == 1.0
