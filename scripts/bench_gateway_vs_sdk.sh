@@ -20,7 +20,7 @@ with open('$OUT/ds-$K.jsonl', 'w') as f:
 "
   if [ $((K % 2)) = 1 ]; then B=(--backend http --base-url http://127.0.0.1:8131); name=gateway; else B=(--backend redis --redis-url "redis://:$(cat /tmp/gwdata/redis/password)@127.0.0.1:6391/0"); name=sdk; fi
   .venv/bin/inferq bench serve "${B[@]}" --model smollm2 --dataset jsonl --dataset-path $OUT/ds-$K.jsonl --num-prompts 64 \
-    --request-rate 4 --num-warmups 2 --seed 0 --percentiles 50,90,99 --no-progress --no-figure > $OUT/$name-$K.txt 2>&1
+    --request-rate 4 --num-warmups 2 --seed 0 --percentiles 50,90,99 --no-progress --no-figure --result-file "$OUT/$name-$K.json" > "$OUT/$name-$K.txt" 2>&1
   echo "$name $K: $(grep 'Output token throughput' $OUT/$name-$K.txt | awk '{print $NF}') tok/s, median TTFT $(grep 'Median TTFT' $OUT/$name-$K.txt | awk '{print $NF}') ms"
 done
 kill -INT $UP; wait $UP || true
