@@ -14,21 +14,11 @@ _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch
 @functools.lru_cache(maxsize=1)
 def cpu_bf16_support() -> Optional[str]:
     """The CPU feature that makes bfloat16 matmuls fast here ("amx_bf16" or
-    "avx512_bf16"), or None. Read from /proc/cpuinfo (Linux); elsewhere from
-    torch's dispatch capability, which reports AVX512 but not the BF16 extension,
-    so non-Linux hosts fall back to float32."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    flags = set(line.split(":", 1)[1].split())
-                    for feature in ("amx_bf16", "avx512_bf16"):
-                        if feature in flags:
-                            return feature
-                    return None
-    except OSError:
-        pass
-    return None
+    "avx512_bf16"), or None. Read from /proc/cpuinfo (Linux); without it (other
+    systems) None, so they fall back to float32."""
+    from gpuworker.attention import cpu_kernels  # the one reader of /proc/cpuinfo
+
+    return next((f for f in ("amx_bf16", "avx512_bf16") if cpu_kernels.cpu_has(f)), None)
 
 
 def default_dtype(device: torch.device) -> tuple[torch.dtype, str]:

@@ -509,13 +509,23 @@ def _by_dtype(lib: ctypes.CDLL, stem: str, argtypes: list) -> dict:
         fns[dt] = fn
     return fns
 
-def _cpu_flags() -> str:
+@functools.lru_cache(maxsize=None)
+def _cpuinfo(field: str) -> str | None:
+    """The value of a /proc/cpuinfo field ("flags", "vendor_id") for the first CPU, or
+    None where there is no such file (read once per field: it does not change)."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return line
+            if line.split(":", 1)[0].strip() == field:
+                return line.split(":", 1)[1].strip()
     except OSError:
         pass
+    return None
+
+
+def _cpu_flags() -> str:
+    flags = _cpuinfo("flags")
+    if flags is not None:
+        return flags
     import platform
 
     return platform.processor() or platform.machine()
@@ -527,16 +537,9 @@ def cpu_has(*features: str) -> bool:
     return all(f in flags for f in features)
 
 
-@functools.lru_cache(maxsize=1)
 def cpu_vendor() -> str:
     """/proc/cpuinfo's vendor_id ("GenuineIntel", "AuthenticAMD"), or "" where unknown."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("vendor_id"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return ""
+    return _cpuinfo("vendor_id") or ""
 
 
 def _cache_dir() -> Path:
