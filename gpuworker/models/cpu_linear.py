@@ -221,6 +221,11 @@ int f32_pack(const float *w, int64_t n, int64_t k, float *out) {
     return 0;
 }
 
+/* k steps ahead the 14 x 32 kernel's first row chunk fetches its panel: 24 KB, about a DRAM
+   latency's worth of 14-row steps (24 steps, 3 KB, left decode steps of 14-18 rows 1.2x slower) */
+#define PF_K 192
+#define X_BLOCK_BYTES (384 << 10) /* activations per row block of the 6 x 64 kernel (L2 is 1-2 MB) */
+#define NARROW_ROWS 14 /* past this the 6 x 64 kernel: 1.1x the 14 x 32 one at 16-32 rows on a Zen 5 */
 #define KB 64 /* k is summed in blocks of KB, the blocks added in order: a smaller rounding error than one long chain */
 #define DEFINE_MK(MR)                                                                            \
 static void mk_##MR(const float *x, int64_t ldx, const float *b, int64_t k, int first,           \
@@ -230,8 +235,8 @@ static void mk_##MR(const float *x, int64_t ldx, const float *b, int64_t k, int 
         __m512 a0[MR], a1[MR];                                                                   \
         for (int r = 0; r < MR; ++r) { a0[r] = _mm512_setzero_ps(); a1[r] = _mm512_setzero_ps(); } \
         for (int64_t kk = k0; kk < k1; ++kk) {                                                   \
-            if (first) _mm_prefetch((const char *)(b + (kk + 24) * 32), _MM_HINT_T0),           \
-                       _mm_prefetch((const char *)(b + (kk + 24) * 32 + 16), _MM_HINT_T0);      \
+            if (first) _mm_prefetch((const char *)(b + (kk + PF_K) * 32), _MM_HINT_T0),           \
+                       _mm_prefetch((const char *)(b + (kk + PF_K) * 32 + 16), _MM_HINT_T0);      \
             const __m512 w0 = _mm512_loadu_ps(b + kk * 32), w1 = _mm512_loadu_ps(b + kk * 32 + 16); \
             for (int r = 0; r < MR; ++r) {                                                       \
                 const __m512 xb = _mm512_set1_ps(x[r * ldx + kk]);                               \
@@ -257,51 +262,76 @@ static const mk_fn MK[15] = {0, mk_1, mk_2, mk_3, mk_4, mk_5, mk_6, mk_7, mk_8, 
 
 DEFINE_PANEL_LINEAR(f32_linear_narrow, float, MK, 0)
 
-/* Past 32 rows: two panels at a time, 6 rows x 64 columns of accumulators (24 registers), so
+/* Past 14 rows: two panels at a time, 6 rows x 64 columns of accumulators (24 registers), so
    each k step loads 4 weight vectors and 6 broadcasts for 24 FMAs where the 14 x 32 kernel
-   loads 2 and 14 for 28. On a 2-core Zen 5 ~1.2x the 14 x 32 kernel at 64-2,048 rows and
-   even with oneDNN's packing. Same summation order per output, so the same results. */
+   loads 2 and 14 for 28. One call does one k block of at most KB rows (y += its sum, or y = on
+   the first block; bias added after the last), so the summation order per output is the 14 x 32
+   kernel's: the same results. */
 #define DEFINE_MK2(MR)                                                                           \
-static void mk2_##MR(const float *x, int64_t ldx, const float *p0, const float *p1, int64_t k,  \
-                     const float *bias, float *y, int64_t ldy) {                                 \
-    for (int64_t k0 = 0; k0 < k; k0 += KB) {                                                     \
-        const int64_t k1 = k - k0 < KB ? k : k0 + KB;                                            \
-        __m512 a[MR][4];                                                                         \
-        for (int r = 0; r < MR; ++r)                                                             \
-            for (int j = 0; j < 4; ++j) a[r][j] = _mm512_setzero_ps();                           \
-        for (int64_t kk = k0; kk < k1; ++kk) {                                                   \
-            const __m512 w0 = _mm512_loadu_ps(p0 + kk * 32), w1 = _mm512_loadu_ps(p0 + kk * 32 + 16); \
-            const __m512 w2 = _mm512_loadu_ps(p1 + kk * 32), w3 = _mm512_loadu_ps(p1 + kk * 32 + 16); \
-            for (int r = 0; r < MR; ++r) {                                                       \
-                const __m512 xb = _mm512_set1_ps(x[r * ldx + kk]);                               \
-                a[r][0] = _mm512_fmadd_ps(xb, w0, a[r][0]);                                      \
-                a[r][1] = _mm512_fmadd_ps(xb, w1, a[r][1]);                                      \
-                a[r][2] = _mm512_fmadd_ps(xb, w2, a[r][2]);                                      \
-                a[r][3] = _mm512_fmadd_ps(xb, w3, a[r][3]);                                      \
-            }                                                                                    \
+static void mk2_##MR(const float *x, int64_t ldx, const float *p0, const float *p1, int64_t kn,  \
+                     int accumulate, int64_t pf0, int64_t npf, const float *bias, float *y,      \
+                     int64_t ldy) {                                                              \
+    __m512 a[MR][4];                                                                             \
+    for (int r = 0; r < MR; ++r)                                                                 \
+        for (int j = 0; j < 4; ++j) a[r][j] = _mm512_setzero_ps();                               \
+    for (int64_t kk = 0; kk < kn; ++kk) {                                                        \
+        if (kk < npf) { /* this chunk's share of the next k block (past a panel's end: the next panel) */ \
+            const int64_t f = (KB + pf0 + kk) * 32;                                              \
+            _mm_prefetch((const char *)(p0 + f), _MM_HINT_T0);                                   \
+            _mm_prefetch((const char *)(p0 + f + 16), _MM_HINT_T0);                              \
+            _mm_prefetch((const char *)(p1 + f), _MM_HINT_T0);                                   \
+            _mm_prefetch((const char *)(p1 + f + 16), _MM_HINT_T0);                              \
         }                                                                                        \
+        const __m512 w0 = _mm512_loadu_ps(p0 + kk * 32), w1 = _mm512_loadu_ps(p0 + kk * 32 + 16); \
+        const __m512 w2 = _mm512_loadu_ps(p1 + kk * 32), w3 = _mm512_loadu_ps(p1 + kk * 32 + 16); \
         for (int r = 0; r < MR; ++r) {                                                           \
-            float *yr = y + r * ldy;                                                             \
-            for (int j = 0; j < 4; ++j) {                                                        \
-                if (k0) a[r][j] = _mm512_add_ps(_mm512_loadu_ps(yr + 16 * j), a[r][j]);          \
-                if (k1 == k && bias) a[r][j] = _mm512_add_ps(a[r][j], _mm512_loadu_ps(bias + 16 * j)); \
-                _mm512_storeu_ps(yr + 16 * j, a[r][j]);                                          \
-            }                                                                                    \
+            const __m512 xb = _mm512_set1_ps(x[r * ldx + kk]);                                   \
+            a[r][0] = _mm512_fmadd_ps(xb, w0, a[r][0]);                                          \
+            a[r][1] = _mm512_fmadd_ps(xb, w1, a[r][1]);                                          \
+            a[r][2] = _mm512_fmadd_ps(xb, w2, a[r][2]);                                          \
+            a[r][3] = _mm512_fmadd_ps(xb, w3, a[r][3]);                                          \
+        }                                                                                        \
+    }                                                                                            \
+    for (int r = 0; r < MR; ++r) {                                                               \
+        float *yr = y + r * ldy;                                                                 \
+        for (int j = 0; j < 4; ++j) {                                                            \
+            if (accumulate) a[r][j] = _mm512_add_ps(_mm512_loadu_ps(yr + 16 * j), a[r][j]);      \
+            if (bias) a[r][j] = _mm512_add_ps(a[r][j], _mm512_loadu_ps(bias + 16 * j));          \
+            _mm512_storeu_ps(yr + 16 * j, a[r][j]);                                              \
         }                                                                                        \
     }                                                                                            \
 }
 DEFINE_MK2(1) DEFINE_MK2(2) DEFINE_MK2(3) DEFINE_MK2(4) DEFINE_MK2(5) DEFINE_MK2(6)
-typedef void (*mk2_fn)(const float *, int64_t, const float *, const float *, int64_t, const float *, float *, int64_t);
+typedef void (*mk2_fn)(const float *, int64_t, const float *, const float *, int64_t, int, int64_t, int64_t,
+                       const float *, float *, int64_t);
 static const mk2_fn MK2[7] = {0, mk2_1, mk2_2, mk2_3, mk2_4, mk2_5, mk2_6};
 
+/* Blocked as a GEMM: rows in blocks whose activations stay in L2 (a prompt step's x, 2,048 x
+   576 floats = 4.7 MB, read again from L3 for every panel pair made the time swing 1.5x with
+   what the L3's other tenants did), and for each panel pair one k block (64 x 64 floats,
+   16 KB) at a time, which every 6-row chunk of the row block then reads from L1. */
 int f32_linear(const float *x, int64_t ldx, int64_t m, const float *wp, int64_t n, int64_t k,
                const float *bias, float *y, int64_t ldy) {
-    if (m <= 32 || n % 32) return f32_linear_narrow(x, ldx, m, wp, n, k, bias, y, ldy);
-    for (int64_t np = 0; np < n / 64; ++np) {
-        const float *p0 = wp + 2 * np * k * 32, *p1 = p0 + k * 32;
-        for (int64_t m0 = 0; m0 < m; m0 += 6) {
-            const int mr = m - m0 < 6 ? (int)(m - m0) : 6;
-            MK2[mr](x + m0 * ldx, ldx, p0, p1, k, bias ? bias + np * 64 : 0, y + m0 * ldy + np * 64, ldy);
+    if (m <= NARROW_ROWS || n % 32) return f32_linear_narrow(x, ldx, m, wp, n, k, bias, y, ldy);
+    int64_t mc = X_BLOCK_BYTES / (k * (int64_t)sizeof(float)) / 6 * 6;
+    if (mc < 6) mc = 6;
+    for (int64_t mb = 0; mb < m; mb += mc) {
+        const int64_t me = m - mb < mc ? m : mb + mc;
+        for (int64_t np = 0; np < n / 64; ++np) {
+            const float *p0 = wp + 2 * np * k * 32, *p1 = p0 + k * 32;
+            for (int64_t k0 = 0; k0 < k; k0 += KB) {
+                const int64_t k1 = k - k0 < KB ? k : k0 + KB;
+                const float *bb = bias && k1 == k ? bias + np * 64 : 0;
+                const int64_t chunks = (me - mb + 5) / 6;
+                for (int64_t c = 0; c < chunks; ++c) {
+                    const int64_t m0 = mb + 6 * c;
+                    const int mr = me - m0 < 6 ? (int)(me - m0) : 6;
+                    /* the chunks share the fetching of the next k block: rows [c, c+1) * KB / chunks */
+                    const int64_t f0 = (c * KB + chunks - 1) / chunks, f1 = ((c + 1) * KB + chunks - 1) / chunks;
+                    MK2[mr](x + m0 * ldx + k0, ldx, p0 + k0 * 32, p1 + k0 * 32, k1 - k0, k0 > 0, f0, f1 - f0, bb,
+                            y + m0 * ldy + np * 64, ldy);
+                }
+            }
         }
     }
     if (n % 64)  /* an odd last panel */

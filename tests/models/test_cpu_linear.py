@@ -75,6 +75,21 @@ def test_float32_prompt_sized_steps(lib):
         assert err <= max(4 * ref_err, 1e-5), (rows, err, ref_err)
 
 
+def test_float32_row_results_do_not_depend_on_the_batch(lib):
+    """A row's outputs are bit-identical whatever else is in the batch: the 14 x 32 kernel
+    (up to 14 rows), the 6 x 64 one past that and its blocks of rows (K = 1,536 here makes
+    them 60 rows) all sum each output in the same order. Greedy decoding must not change
+    with the batch a request happens to share."""
+    g = torch.Generator().manual_seed(11)
+    w, b = torch.randn(128, 1536, generator=g), torch.randn(128, generator=g)
+    packed = cpu_linear.PackedWeight(lib, w)
+    x = torch.randn(min(300, packed.max_rows), 1536, generator=g)
+    alone = torch.cat([packed(x[i:i + 1], b) for i in range(x.shape[0])])
+    for rows in (2, 14, 15, 33, 61, 300):
+        rows = min(rows, x.shape[0])
+        assert torch.equal(packed(x[:rows], b), alone[:rows]), rows
+
+
 def test_bfloat16_dot_product_kernel_takes_any_batch_and_even_k(lib, monkeypatch):
     """The AVX512-BF16 kernel (chosen on CPUs without AMX; tested on AMX ones too) runs
     prompt-sized steps, and any even K."""
