@@ -156,6 +156,11 @@ int dp_pack_bf16(const uint16_t *w, int64_t n, int64_t k, uint16_t *out) {
     return 0;
 }
 
+/* k steps (k pairs in bf16; 128 bytes either way) ahead the 14 x 32 kernels' first row chunk
+   fetches its panel: 24 KB, about a DRAM latency's worth of 14-row steps (3 KB left decode
+   steps of 14-32 rows 1.1-1.4x slower on a Zen 5) */
+#define PF_K 192
+
 static inline __m512 bf16x16_to_f32(const uint16_t *p) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
 }
@@ -168,8 +173,8 @@ static void dk_##MR(const uint16_t *x, int64_t ldx, const uint16_t *b, int64_t k
     __m512 a0[MR], a1[MR];                                                                       \
     for (int r = 0; r < MR; ++r) { a0[r] = _mm512_setzero_ps(); a1[r] = _mm512_setzero_ps(); }   \
     for (int64_t kp = 0; kp < k / 2; ++kp) {                                                     \
-        if (first) _mm_prefetch((const char *)(b + (kp + 24) * 64), _MM_HINT_T0),               \
-                   _mm_prefetch((const char *)(b + (kp + 24) * 64 + 32), _MM_HINT_T0);          \
+        if (first) _mm_prefetch((const char *)(b + (kp + PF_K) * 64), _MM_HINT_T0),               \
+                   _mm_prefetch((const char *)(b + (kp + PF_K) * 64 + 32), _MM_HINT_T0);          \
         const __m512bh w0 = (__m512bh)_mm512_loadu_si512(b + kp * 64);                          \
         const __m512bh w1 = (__m512bh)_mm512_loadu_si512(b + kp * 64 + 32);                     \
         for (int r = 0; r < MR; ++r) {                                                           \
@@ -221,9 +226,6 @@ int f32_pack(const float *w, int64_t n, int64_t k, float *out) {
     return 0;
 }
 
-/* k steps ahead the 14 x 32 kernel's first row chunk fetches its panel: 24 KB, about a DRAM
-   latency's worth of 14-row steps (24 steps, 3 KB, left decode steps of 14-18 rows 1.2x slower) */
-#define PF_K 192
 #define X_BLOCK_BYTES (384 << 10) /* activations per row block of the 6 x 64 kernel (L2 is 1-2 MB) */
 #define NARROW_ROWS 14 /* past this the 6 x 64 kernel: 1.1x the 14 x 32 one at 16-32 rows on a Zen 5 */
 #define KB 64 /* k is summed in blocks of KB, the blocks added in order: a smaller rounding error than one long chain */
