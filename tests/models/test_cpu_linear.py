@@ -63,7 +63,7 @@ def test_kernel_matches_f_linear(lib, dtype, rows, bias):
 def test_float32_prompt_sized_steps(lib):
     """Past 64 rows (the AVX2 kernel, and the AVX-512 one off Intel, run prompt steps too):
     every row chunk, K not a multiple of the 64-long summation blocks, a bias, and (96
-    columns) the AVX-512 kernel's pairs of 32-column panels past 32 rows plus an odd one."""
+    columns) the AVX-512 kernel's pairs of 32-column panels past 14 rows plus an odd one."""
     g = torch.Generator().manual_seed(7)
     w, b = torch.randn(96, 200, generator=g), torch.randn(96, generator=g)
     packed = cpu_linear.PackedWeight(lib, w)
