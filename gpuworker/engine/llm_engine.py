@@ -13,6 +13,7 @@ import torch
 
 from gpuworker.attention.base import get_backend
 from gpuworker.config import EngineConfig
+from gpuworker.engine import host_malloc
 from gpuworker.engine.detokenizer import IncrementalDetokenizer
 from gpuworker.engine.kv_cache_manager import KVCacheManager
 from gpuworker.engine.model_runner import ModelRunner
@@ -32,6 +33,8 @@ class LLMEngine:
     def __init__(self, config: Optional[EngineConfig] = None, **kwargs):
         self.config = config = config or EngineConfig(**kwargs)
         self.device = config.resolved_device()
+        if self.device.type == "cpu":
+            host_malloc.retain_freed_memory()  # a step's big temporaries: reused, not faulted in again
         dtype, why = config.resolved_dtype_and_reason(self.device)
         self.dtype = dtype
         log.info("engine dtype %s on %s (%s)", str(dtype).removeprefix("torch."), self.device, why)
