@@ -17,6 +17,9 @@ from tests.reliability.streams import watch
 
 N_JOBS = 160  # more than the worker's 64 slots: some are still queued at the restart
 MAX_TOKENS = 40
+# The worker is paced: a batch of 64 jobs takes 40 steps, >= 2 s on any machine, so jobs are
+# still queued when generation is seen under way (unpaced, a fast machine took them all first).
+PACE = ("--step-pace-s", "0.05")
 
 
 def greedy() -> dict:
@@ -37,7 +40,9 @@ def sse_events(url: str, job_id: str, last_event_id: str | None, out: list) -> N
 
 
 def test_redis_restart_with_jobs_queued_and_running(chaos, chaos_oracle):
-    workers = chaos.fleet.ensure_count(1, "chaos-redis")
+    for w in chaos.fleet.alive():  # only the paced worker takes these jobs
+        w.terminate(timeout=20)
+    workers = chaos.fleet.start("chaos-redis-paced", extra=PACE)
     r = chaos.client()
     p = Producer(chaos.url, default_model="chaos")
     prompts = [f"restart job {i}" for i in range(N_JOBS)]
@@ -108,4 +113,6 @@ def test_redis_restart_with_jobs_queued_and_running(chaos, chaos_oracle):
           + (f"resumed with {len(resumed)} events after {len(before)}" if resumed else
              f"stream carried on through the outage ({len(before)} events)"))
     p.close()
+    for w in workers:  # later tests start unpaced workers
+        w.terminate(timeout=20)
     r.close()
