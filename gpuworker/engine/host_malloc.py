@@ -20,8 +20,8 @@ log = logging.getLogger(__name__)
 
 M_TRIM_THRESHOLD = -1  # glibc <malloc.h>
 M_MMAP_THRESHOLD = -3
-# Blocks past this stay mmap'd (a KV cache, a large weight); glibc before 2.26 caps the
-# setting at 32 MB (HEAP_MAX_SIZE / 2), so that is the fallback.
+# Blocks past this stay mmap'd (a KV cache, a large weight). Some glibc versions refuse a
+# threshold above HEAP_MAX_SIZE / 2 (32 MB on 64-bit), so that is the fallback.
 MMAP_THRESHOLD = 256 << 20
 MMAP_THRESHOLD_CAPPED = 32 << 20
 TRIM_THRESHOLD = 512 << 20
