@@ -30,7 +30,7 @@ _lock = threading.Lock()
 _applied: int | None = None  # the mmap threshold set, once done
 
 
-def _tuned_by_environment() -> bool:
+def _left_to_the_user() -> bool:
     if os.environ.get("INFERQ_KEEP_FREED_MEMORY", "1") == "0":
         return True
     return bool(os.environ.get("MALLOC_MMAP_THRESHOLD_") or os.environ.get("MALLOC_TRIM_THRESHOLD_")
@@ -42,7 +42,7 @@ def retain_freed_memory() -> int | None:
     set, or None where nothing was changed."""
     global _applied
     with _lock:
-        if _applied is not None or _tuned_by_environment():
+        if _applied is not None or _left_to_the_user():
             return _applied
         try:
             mallopt = ctypes.CDLL("libc.so.6").mallopt

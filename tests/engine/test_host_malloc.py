@@ -6,10 +6,10 @@ free whatever its dynamic threshold has learnt, so without the setting every rou
 every page; with it the block comes from the heap and is reused."""
 import json
 import os
+import platform
 import subprocess
 import sys
 
-import pytest
 
 ROUNDS = 16
 PAGES = 2048 * 5120 * 4 // 4096
@@ -29,19 +29,42 @@ print(json.dumps(out))
 """ % ROUNDS
 
 
-def _faults(keep: str) -> list[int]:
-    env = dict(os.environ, OMP_NUM_THREADS="1", INFERQ_KEEP_FREED_MEMORY=keep)
-    out = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=120, env=env)
+def _run(code: str, keep: str, **env_extra: str) -> str:
+    env = dict(os.environ, OMP_NUM_THREADS="1", INFERQ_KEEP_FREED_MEMORY=keep, **env_extra)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
     assert out.returncode == 0, out.stderr[-2000:]
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return out.stdout.strip().splitlines()[-1]
+
+
+def _applied(keep: str, **env_extra: str):
+    """What retain_freed_memory() returns in a fresh process."""
+    return json.loads(_run("import json; from gpuworker.engine import host_malloc; "
+                           "print(json.dumps(host_malloc.retain_freed_memory()))", keep, **env_extra))
+
+
+def _faults(keep: str) -> list[int]:
+    return json.loads(_run(PROBE, keep))
+
+
+def _glibc() -> bool:
+    return platform.libc_ver()[0] == "glibc"
 
 
 def test_big_freed_blocks_are_reused_not_faulted_in_again():
-    if not sys.platform.startswith("linux"):
-        pytest.skip("mallopt is a glibc (Linux) setting")
+    if not _glibc():  # musl, macOS: there is no such setting, and nothing is changed
+        assert _applied("1") is None
+        return
     plain, kept = _faults("0"), _faults("1")
     assert min(plain) > PAGES * 9 // 10, plain  # every round maps the whole block again
     # Kept: after a few rounds the freed block is taken from the heap (glibc may still place
     # an early one at the top of the heap and extend it); overall at most half the faults.
     assert sum(kept) * 2 < sum(plain), (plain, kept)
     assert sum(1 for f in kept if f < PAGES // 20) >= ROUNDS // 4, kept
+
+
+def test_the_setting_is_left_to_the_user_when_asked():
+    """INFERQ_KEEP_FREED_MEMORY=0, or malloc settings of the user's own, change nothing."""
+    assert _applied("0") is None
+    assert _applied("1", MALLOC_TRIM_THRESHOLD_="1048576") is None
+    if _glibc():
+        assert _applied("1") is not None
