@@ -4,6 +4,7 @@ Everything that crosses Redis or HTTP is defined here, so both sides validate
 the same way.
 """
 from schemas.sampling import SamplingParams
+from schemas.structured import StructuredOutputs
 from schemas.job import ChatMessage, Job
 from schemas.events import (
     DeltaEvent,
@@ -22,6 +23,7 @@ from schemas import keys
 
 __all__ = [
     "SamplingParams",
+    "StructuredOutputs",
     "ChatMessage",
     "Job",
     "ReplyEvent",

@@ -34,6 +34,8 @@ class StartedEvent(_Event):
 
 class DeltaEvent(_Event):
     type: Literal["delta"] = "delta"
+    # Which choice (sampling.n > 1) this text belongs to; 0 for single-choice jobs.
+    index: int = Field(0, ge=0)
     text: str = ""
     token_ids: list[int] = Field(default_factory=list)
     # One entry per token: {"token_id": lp, ...} top-N plus the chosen token.
@@ -42,6 +44,9 @@ class DeltaEvent(_Event):
     # prompt's token ids and one entry per prompt token (None for the first).
     prompt_token_ids: Optional[list[int]] = None
     prompt_logprobs: Optional[list[Optional[dict[int, float]]]] = None
+    # Set on a choice's last delta when the job has several choices (n > 1): that
+    # choice is over, the others may go on; ``done`` still ends the job.
+    finish_reason: Optional[str] = None
 
 
 class RestartedEvent(_Event):
@@ -70,11 +75,22 @@ class Timings(BaseModel):
 FinishReason = Literal["stop", "length", "abort", "deadline"]
 
 
+class ChoiceEnd(BaseModel):
+    """How one choice of a several-choice job (n > 1) ended."""
+
+    index: int = Field(ge=0)
+    finish_reason: FinishReason
+    completion_tokens: int = 0
+    stop_reason: Optional[Union[str, int]] = None
+
+
 class DoneEvent(_Event):
     type: Literal["done"] = "done"
-    finish_reason: FinishReason
-    usage: Usage = Field(default_factory=Usage)
+    finish_reason: FinishReason  # of choice 0
+    usage: Usage = Field(default_factory=Usage)  # completion_tokens summed over every choice
     timings: Timings = Field(default_factory=Timings)
+    # With n > 1: one entry per choice, by index (None for single-choice jobs).
+    choices: Optional[list[ChoiceEnd]] = None
 
 
 class ErrorEvent(_Event):

@@ -18,11 +18,20 @@ def new_job_id() -> str:
     return uuid.uuid4().hex
 
 
+MAX_TOOLS = 128
+MAX_TOOLS_BYTES = 262_144
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     role: Literal["system", "user", "assistant", "tool"]
-    content: str = Field(max_length=MAX_PROMPT_CHARS)
+    content: str = Field("", max_length=MAX_PROMPT_CHARS)
+    # An assistant turn that called tools: OpenAI's [{id, type: "function", function: {name, arguments}}].
+    tool_calls: Optional[list[dict[str, Any]]] = Field(None, max_length=MAX_TOOLS)
+    # A tool's answer: the call it answers (and the function's name, for templates that want it).
+    tool_call_id: Optional[str] = Field(None, max_length=256)
+    name: Optional[str] = Field(None, max_length=256)
 
 
 class Job(BaseModel):
@@ -45,6 +54,9 @@ class Job(BaseModel):
     session_id: Optional[str] = Field(None, min_length=1, max_length=256,
                                       description="Jobs of one session prefer the worker that served it last "
                                                   "(its prefix cache).")
+    # OpenAI-style tool definitions ([{type: "function", function: {name, description, parameters}}]),
+    # rendered into the prompt by the model's chat template (only with ``messages``).
+    tools: Optional[list[dict[str, Any]]] = Field(None, min_length=1, max_length=MAX_TOOLS)
     metadata: dict[str, Any] = Field(default_factory=dict)
     created_at: float = Field(default_factory=time.time)
 
@@ -55,6 +67,11 @@ class Job(BaseModel):
             raise ValueError("exactly one of 'prompt', 'messages' or 'prompt_token_ids' must be given")
         if self.prompt_token_ids is not None and any(t < 0 for t in self.prompt_token_ids):
             raise ValueError("prompt_token_ids must be non-negative")
+        if self.tools is not None:
+            if self.messages is None:
+                raise ValueError("'tools' need 'messages' (they are rendered by the chat template)")
+            if len(json.dumps(self.tools)) > MAX_TOOLS_BYTES:
+                raise ValueError(f"tools must serialise to at most {MAX_TOOLS_BYTES} bytes")
         if len(json.dumps(self.metadata)) > MAX_METADATA_BYTES:
             raise ValueError(f"metadata must serialise to at most {MAX_METADATA_BYTES} bytes")
         # pydantic refuses lone surrogates in str fields, not inside free-form metadata.

@@ -5,6 +5,8 @@ from typing import Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from schemas.structured import StructuredOutputs
+
 def require_utf8(text: str, what: str) -> None:
     """Everything travels as UTF-8 (Redis, JSON): a lone surrogate such as
     "\\ud800" is valid JSON but not encodable, so it is refused at the edge."""
@@ -17,6 +19,8 @@ def require_utf8(text: str, what: str) -> None:
 # Upper bound on top-N logprobs per token (vLLM's default max_logprobs is 20).
 MAX_LOGPROBS = 20
 MAX_N = 16
+# OpenAI caps logit_bias at 300 tokens, each bias in [-100, 100].
+MAX_LOGIT_BIAS = 300
 # What ``logprobs`` report (vLLM V1's logprobs modes): the model's own distribution
 # (raw, the default) or the one the token was drawn from (processed: after
 # penalties, temperature, min-p, top-k, top-p), as logprobs or as logits.
@@ -50,8 +54,14 @@ class SamplingParams(BaseModel):
     prompt_logprobs: Optional[int] = Field(
         None, ge=0, le=MAX_LOGPROBS, description="Top-N logprobs per prompt token (the first has none)."
     )
-    n: int = Field(1, ge=1, le=MAX_N)
+    n: int = Field(1, ge=1, le=MAX_N, description="Choices per prompt: sibling sequences sharing the prompt's KV.")
     skip_special_tokens: bool = True
+    # Added to the logits of these token ids before sampling (OpenAI's logit_bias).
+    logit_bias: Optional[dict[int, float]] = Field(None, max_length=MAX_LOGIT_BIAS)
+    # EOS and stop token ids are masked until this many tokens are out (vLLM's min_tokens).
+    min_tokens: int = Field(0, ge=0)
+    # The text must match this constraint (JSON Schema, regex, choice, grammar).
+    structured_outputs: Optional[StructuredOutputs] = None
 
     @field_validator("stop", mode="before")
     @classmethod
@@ -80,16 +90,32 @@ class SamplingParams(BaseModel):
             raise ValueError("stop_token_ids must be non-negative token ids")
         return v
 
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias_range(cls, v: Optional[dict[int, float]]):
+        if v is None:
+            return v
+        for tok, bias in v.items():
+            if tok < 0:
+                raise ValueError("logit_bias keys must be non-negative token ids")
+            if not -100.0 <= bias <= 100.0:
+                raise ValueError(f"logit_bias values must be in [-100, 100]; got {bias} for token {tok}")
+        return v or None
+
     @model_validator(mode="after")
     def _consistent(self):
-        if self.n > 1 and self.temperature == 0.0:
-            # Greedy copies would be identical: almost always a client mistake.
-            raise ValueError("n > 1 needs temperature > 0 (greedy samples would be identical)")
+        if self.min_tokens > self.max_tokens:
+            raise ValueError(f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})")
         return self
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def shapes_logits(self) -> bool:
+        """Changes the logits before sampling: logit bias, min_tokens or a constraint."""
+        return self.logit_bias is not None or self.min_tokens > 0 or self.structured_outputs is not None
 
     @property
     def uses_penalties(self) -> bool:

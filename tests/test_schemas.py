@@ -33,8 +33,10 @@ def test_sampling_defaults_and_stop_string():
     p = SamplingParams(stop="END")
     assert p.stop == ["END"] and p.max_tokens == 16 and not p.greedy
     assert SamplingParams(temperature=0).greedy
-    with pytest.raises(ValidationError, match="n > 1"):
-        SamplingParams(n=2, temperature=0)
+    # Greedy choices are allowed (they equal a single request's text, as in vLLM).
+    assert SamplingParams(n=2, temperature=0).n == 2
+    with pytest.raises(ValidationError, match="min_tokens"):
+        SamplingParams(min_tokens=20, max_tokens=10)
 
 
 def test_job_needs_exactly_one_prompt_kind():
