@@ -83,10 +83,12 @@ class WorkerMetrics:
                                 "compiled-grammar cache, by result (hit | miss).", L + ["result"], registry=reg)
         self.grammar_cache_hits = grammar_cache.labels(model_name, "hit")
         self.grammar_cache_misses = grammar_cache.labels(model_name, "miss")
+        self.grammar_cache_entries = g("inferq:grammar_cache_entries", "Compiled grammars held in the worker's cache.")
         self.config = Info("inferq:worker_config", "Worker and engine configuration.", registry=reg)
         self._last_totals = {"q": 0, "h": 0, "pk": 0, "pp": 0, "pt": 0, "gt": 0}
 
-    def grammar_compiled(self, seconds: float, cache_hit: bool) -> None:
+    def grammar_compiled(self, seconds: float, cache_hit: bool, entries: int) -> None:
+        self.grammar_cache_entries.set(entries)
         if cache_hit:
             self.grammar_cache_hits.inc()
         else:

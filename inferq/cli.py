@@ -18,6 +18,13 @@ def _add_job_sampling(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
     p.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-sequence")
+    so = p.add_mutually_exclusive_group()
+    so.add_argument("--json-schema", metavar="FILE", default=None,
+                    help="the output must be JSON valid against this JSON Schema file ('-' reads stdin)")
+    so.add_argument("--json-object", action="store_true", help="the output must be a JSON object")
+    so.add_argument("--regex", default=None, help="the output must match this regular expression")
+    so.add_argument("--choice", action="append", default=None, help="the output must be one of these (repeatable)")
+    so.add_argument("--grammar", metavar="FILE", default=None, help="the output must follow this Lark grammar file")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -29,7 +29,37 @@ def _sampling(args) -> dict:
         s["stop"] = args.stop
     if args.ignore_eos:
         s["ignore_eos"] = True
+    constraint = _constraint(args)
+    if constraint is not None:
+        s["structured_outputs"] = constraint
     return s
+
+
+def _read(path: str) -> str:
+    if path == "-":
+        return sys.stdin.read()
+    with open(path, encoding="utf-8") as f:
+        return f.read()
+
+
+def _constraint(args):
+    """--json-schema/--json-object/--regex/--choice/--grammar as StructuredOutputs
+    fields (validated, and compiled, when the job is built)."""
+    if getattr(args, "json_schema", None):
+        text = _read(args.json_schema)
+        try:
+            return {"json": json.loads(text)}
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{args.json_schema}: not valid JSON: {e}") from None
+    if getattr(args, "json_object", False):
+        return {"json_object": True}
+    if getattr(args, "regex", None):
+        return {"regex": args.regex}
+    if getattr(args, "choice", None):
+        return {"choice": args.choice}
+    if getattr(args, "grammar", None):
+        return {"grammar": _read(args.grammar)}
+    return None
 
 
 @friendly_errors

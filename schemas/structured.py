@@ -23,6 +23,11 @@ MAX_CHOICES = 256
 MAX_CHOICE_CHARS = 1_024
 
 KINDS = ("json", "json_object", "regex", "choice", "grammar")
+# JSON is generated on one line with OpenAI's separators ({"a": 1, "b": [2, 3]}):
+# llguidance's default admits any whitespace between tokens, and small models
+# sampled at high temperature can then spend their whole budget on newlines.
+# A schema's own "x-guidance" options override this.
+JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
 class StructuredOutputs(BaseModel):
@@ -79,9 +84,9 @@ class StructuredOutputs(BaseModel):
         """The llguidance grammar (its JSON form) that both validation and the worker's matcher use."""
         M = llguidance.LLMatcher
         if self.json_schema is not None:
-            return M.grammar_from_json_schema(self.json_schema)
+            return M.grammar_from_json_schema(self.json_schema, defaults=JSON_STYLE)
         if self.json_object:
-            return M.grammar_from_json_schema({"type": "object"})
+            return M.grammar_from_json_schema({"type": "object"}, defaults=JSON_STYLE)
         if self.regex is not None:
             return M.grammar_from_regex(self.regex)
         if self.choice is not None:

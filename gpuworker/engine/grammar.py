@@ -38,7 +38,7 @@ class GrammarCompiler:
 
     def __init__(self, tokenizer, vocab_size: int, eos_token_ids: tuple[int, ...] = (),
                  cache_size: int = 256, compile_threads: int = 2,
-                 on_compile: Optional[Callable[[float, bool], None]] = None,
+                 on_compile: Optional[Callable[[float, bool, int], None]] = None,
                  compile_delay_s: float = 0.0):
         self._hf_tokenizer = tokenizer
         self.vocab_size = vocab_size
@@ -48,7 +48,7 @@ class GrammarCompiler:
         self._cache: OrderedDict[str, llguidance.LLMatcher] = OrderedDict()
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=max(1, compile_threads), thread_name_prefix="inferq-grammar")
-        self._on_compile = on_compile  # (seconds, cache_hit) -> None, for metrics
+        self._on_compile = on_compile  # (seconds, cache_hit, cache entries) -> None, for metrics
         # Test pacing only (INFERQ_TEST_GRAMMAR_COMPILE_DELAY_S): makes every cold compile
         # this much slower, so a compile time-out can be provoked whatever the machine's speed.
         self._compile_delay_s = compile_delay_s
@@ -77,7 +77,7 @@ class GrammarCompiler:
                 self.hits += 1
         if pristine is not None:
             if self._on_compile:
-                self._on_compile(0.0, True)
+                self._on_compile(0.0, True, len(self._cache))
             return pristine.deep_copy()
         tok = self.tokenizer
         spec = constraint.grammar_spec()
@@ -99,7 +99,7 @@ class GrammarCompiler:
             while len(self._cache) > self.cache_size:
                 self._cache.popitem(last=False)
         if self._on_compile:
-            self._on_compile(seconds, False)
+            self._on_compile(seconds, False, len(self._cache))
         return pristine.deep_copy()
 
     def _build(self, tok, spec: str):

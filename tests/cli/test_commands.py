@@ -190,3 +190,21 @@ def test_dlq_retry_refused_by_admission_keeps_everything(redis_url, monkeypatch)
     assert [e[0].decode() for e in r.xrange(keys.dlq("dlqm"))] == [dlq_id]
     assert r.hget(keys.job_info(job.id), "status") == b"error" and r.xlen(keys.reply(job.id)) == 1
     r.close()
+
+
+def test_submit_with_a_json_schema_file(stack, tmp_path):
+    # Even the tiny random model can only write what the schema allows.
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}, "colour": {"enum": ["red", "blue"]}},
+              "required": ["ok", "colour"], "additionalProperties": False}
+    path = tmp_path / "schema.json"
+    path.write_text(json.dumps(schema))
+    r = inferq(stack.url, "submit", "Answer", "--model", TINY, "--max-tokens", "40", "--json-schema", str(path))
+    assert r.returncode == 0, r.stderr
+    answer = json.loads(r.stdout)
+    assert isinstance(answer["ok"], bool) and answer["colour"] in ("red", "blue") and set(answer) == {"ok", "colour"}
+    assert "finish=stop" in r.stderr
+    choice = inferq(stack.url, "submit", "Pick", "--model", TINY, "--choice", "left", "--choice", "right")
+    assert choice.returncode == 0 and choice.stdout.strip() in ("left", "right"), choice.stderr
+    path.write_text(json.dumps({"type": "array", "uniqueItems": True}))
+    bad = inferq(stack.url, "submit", "Answer", "--model", TINY, "--json-schema", str(path))
+    assert bad.returncode == 1 and "uniqueItems" in bad.stderr
