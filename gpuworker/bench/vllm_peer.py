@@ -47,12 +47,16 @@ class VllmPeer:
 
     def __init__(self, python: str, model_folder: str, prompts: list[list[int]], output_lens: list[int], *,
                  dtype: str, max_num_seqs: int, max_num_batched_tokens: int, threads: int,
-                 kv_cache_gib: int = 2, start_timeout: float = 1800) -> None:
+                 kv_cache_gib: int = 2, start_timeout: float = 1800, constraints: list | None = None) -> None:
+        """``constraints``: per request None or StructuredOutputs fields (json / regex /
+        choice / grammar / json_object); constrained requests stop where their grammar
+        ends (EOS not ignored) and ``output_lens`` is their max_tokens."""
         self._tmp = tempfile.TemporaryDirectory(prefix="inferq-vllm-")
         job = os.path.join(self._tmp.name, "job.json")
         with open(job, "w") as f:
             json.dump({"model": model_folder, "prompts": prompts, "output_lens": output_lens, "dtype": dtype,
-                       "max_num_seqs": max_num_seqs, "max_num_batched_tokens": max_num_batched_tokens}, f)
+                       "max_num_seqs": max_num_seqs, "max_num_batched_tokens": max_num_batched_tokens,
+                       "constraints": constraints}, f)
         env = dict(os.environ)
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib))
         env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
@@ -71,6 +75,7 @@ class VllmPeer:
         while line and not line.startswith(_TAG):
             line = self.proc.stdout.readline()
         line = line[len(_TAG):]
+        self._last = line
         if not line.startswith(word + " "):
             self._log.flush()
             self._log.seek(0)
@@ -80,9 +85,14 @@ class VllmPeer:
         return float(line.split()[1])
 
     def run(self) -> float:
+        return self.run_counted()[0]
+
+    def run_counted(self) -> tuple[float, int]:
+        """(wall seconds, output tokens made) of one pass."""
         self.proc.stdin.write("run\n")
         self.proc.stdin.flush()
-        return self._expect("seconds")
+        seconds = self._expect("seconds")
+        return seconds, int(self._last.split()[3])
 
     def close(self) -> None:
         if self.proc.poll() is None:
@@ -106,8 +116,18 @@ def _child(job_path: str) -> int:
     llm = LLM(model=job["model"], dtype=job["dtype"], max_num_seqs=job["max_num_seqs"],
               max_num_batched_tokens=job["max_num_batched_tokens"], enable_prefix_caching=False, seed=0)
     prompts = [{"prompt_token_ids": p} for p in job["prompts"]]
-    params = [SamplingParams(max_tokens=o, min_tokens=o, temperature=0.0, ignore_eos=True) for o in job["output_lens"]]
-    want = sum(job["output_lens"])
+    constraints = job.get("constraints")
+    if constraints:
+        from vllm.sampling_params import StructuredOutputsParams
+
+        # One-line JSON, as inferq writes it (schemas/structured.py JSON_STYLE).
+        params = [SamplingParams(max_tokens=o, temperature=0.0, structured_outputs=None if c is None else
+                                 StructuredOutputsParams(**c, disable_any_whitespace="json" in c or "json_object" in c))
+                  for o, c in zip(job["output_lens"], constraints)]
+        want = None  # constrained requests end where their grammar does
+    else:
+        params = [SamplingParams(max_tokens=o, min_tokens=o, temperature=0.0, ignore_eos=True) for o in job["output_lens"]]
+        want = sum(job["output_lens"])
     # Warm-up (compilation and caches) on a few short requests, as inferq gets.
     n = min(4, len(prompts))
     llm.generate(prompts[:n], [SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)] * n, use_tqdm=False)
@@ -119,10 +139,10 @@ def _child(job_path: str) -> int:
         outs = llm.generate(prompts, params, use_tqdm=False)
         took = time.perf_counter() - t
         got = sum(len(o.outputs[0].token_ids) for o in outs)
-        if got != want:
+        if want is not None and got != want:
             print(f"{_TAG}error vLLM made {got} tokens, expected {want}", flush=True)
             return 1
-        print(f"{_TAG}seconds {took:.4f}", flush=True)
+        print(f"{_TAG}seconds {took:.4f} tokens {got}", flush=True)
     return 0
 
 

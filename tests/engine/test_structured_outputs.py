@@ -11,7 +11,7 @@ import pytest
 from gpuworker import LLM
 from gpuworker.engine.grammar import GrammarCompiler, GrammarError
 from schemas import SamplingParams, StructuredOutputs
-from tests.structured_cases import PROMPTS, SCHEMAS
+from gpuworker.bench.structured_cases import PROMPTS, SCHEMAS
 
 
 def chat(llm, text):

@@ -21,7 +21,7 @@ from producer.errors import JobFailed
 from schemas import SamplingParams
 from tests.conftest import RedisServer
 from tests.gateway.stack import running_gateway
-from tests.structured_cases import PROMPTS, SCHEMAS
+from gpuworker.bench.structured_cases import PROMPTS, SCHEMAS
 from tests.workers import WorkerProc
 
 SMOL, SLOW = "smol", "smol-slow"

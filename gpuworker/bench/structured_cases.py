@@ -1,4 +1,5 @@
-"""JSON Schemas and prompts the structured-output tests share (engine and gateway).
+"""JSON Schemas and prompts that the structured-output tests (engine and gateway) and
+`inferq bench structured` share.
 
 Every schema is bounded (string lengths, array sizes) so that a complete answer
 fits in the tests' token budget, and together they cover nested objects, arrays
