@@ -74,3 +74,16 @@ def test_beat_schedules_the_maintenance(celery_worker, stack, tmp_path):
     finally:
         beat.terminate()
         beat.wait(20)
+
+
+def test_generate_with_a_json_schema(celery_app):
+    # The constraint travels in the task's sampling dict; even the tiny random model
+    # can only write what the schema allows.
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"], "additionalProperties": False}
+    res = celery_app.generate.delay("Answer", model=TINY, sampling={"max_tokens": 20, "temperature": 0.8, "seed": 1,
+                                                                     "structured_outputs": {"json": schema}}).get(timeout=120)
+    assert res["finish_reason"] == "stop"
+    import json
+    assert isinstance(json.loads(res["text"])["ok"], bool)
+    with pytest.raises(Exception, match="uniqueItems"):
+        celery_app.generate.delay("x", model=TINY, sampling={"structured_outputs": {"json": {"uniqueItems": True}}}).get(timeout=60)

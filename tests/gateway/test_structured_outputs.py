@@ -199,3 +199,44 @@ def test_a_thousand_distinct_schemas_keep_the_compile_cache_bounded(stack):
     assert w.metric("inferq:grammar_cache_lookups_total", result="miss") - misses_before == 1000
     assert w.metric("inferq:grammar_cache_entries") == CACHE_BOUND
     assert w.metric("inferq:grammar_compile_seconds_count") >= 1000
+
+
+def test_async_sdk_and_batch_api_lines_carry_the_constraint(stack, client):
+    import asyncio
+    import io
+    import time
+
+    from producer import AsyncProducer
+
+    redis_url = stack[0]
+    schema = SCHEMAS["enum_colour"]
+
+    async def via_async_sdk():
+        async with AsyncProducer(redis_url, default_model=SMOL) as ap:
+            h = await ap.submit(messages=[{"role": "user", "content": PROMPTS["enum_colour"]}],
+                                sampling={"max_tokens": 60, "temperature": 0, "structured_outputs": {"json": schema}})
+            return await h.result(timeout=120)
+
+    res = asyncio.run(via_async_sdk())
+    assert res.finish_reason == "stop"
+    jsonschema.validate(json.loads(res.text), schema)
+
+    body = {"model": SMOL, "messages": [{"role": "user", "content": PROMPTS["enum_colour"]}], "max_tokens": 60,
+            "temperature": 0, "response_format": {"type": "json_schema", "json_schema": {"name": "c", "schema": schema}}}
+    bad = dict(body, response_format={"type": "json_schema", "json_schema": {"name": "c", "schema": {"uniqueItems": True}}})
+    lines = [json.dumps({"custom_id": cid, "method": "POST", "url": "/v1/chat/completions", "body": b})
+             for cid, b in (("good", body), ("bad", bad))]
+    f = client.files.create(file=("so.jsonl", io.BytesIO("\n".join(lines).encode() + b"\n")), purpose="batch")
+    b = client.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h")
+    end = time.monotonic() + 300
+    while b.status not in ("completed", "failed", "cancelled", "expired"):
+        assert time.monotonic() < end, b
+        time.sleep(0.2)  # polling an observed state, not a pace assumption
+        b = client.batches.retrieve(b.id)
+    assert b.status == "completed" and b.request_counts.completed == 1 and b.request_counts.failed == 1
+    out = [json.loads(x) for x in client.files.content(b.output_file_id).text.splitlines() if x]
+    answer = out[0]["response"]["body"]["choices"][0]["message"]["content"]
+    jsonschema.validate(json.loads(answer), schema)
+    assert answer == res.text  # the same greedy job, whichever way it was sent
+    errs = [json.loads(x) for x in client.files.content(b.error_file_id).text.splitlines() if x]
+    assert errs[0]["custom_id"] == "bad" and "uniqueItems" in json.dumps(errs[0])
