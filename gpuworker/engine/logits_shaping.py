@@ -96,13 +96,7 @@ class LogitsShaper:
     @staticmethod
     def _unpack(bitmask: np.ndarray, width: int, device: torch.device) -> torch.Tensor:
         """[rows, words] int32 bitmask (bit k of word w = token 32w+k) -> [rows, width] bool."""
-        if device.type == "cpu":
-            bits = np.unpackbits(bitmask.view(np.uint8), axis=1, bitorder="little")
-            out = torch.from_numpy(bits).view(torch.bool)
-        else:
-            words = torch.from_numpy(bitmask).to(device, non_blocking=False)
-            shifts = torch.arange(32, device=device, dtype=torch.int32)
-            out = ((words.unsqueeze(-1) >> shifts) & 1).view(words.shape[0], -1).bool()
+        out = unpack_on_host(bitmask) if device.type == "cpu" else unpack_on_device(torch.from_numpy(bitmask).to(device))
         if out.shape[1] < width:  # logits wider than the tokenizer's vocabulary: padding ids are never allowed
             out = torch.nn.functional.pad(out, (0, width - out.shape[1]), value=False)
         return out[:, :width]
@@ -110,6 +104,17 @@ class LogitsShaper:
     def close(self) -> None:
         if self._thread is not None:
             self._thread.shutdown(wait=False)
+
+
+def unpack_on_host(bitmask: np.ndarray) -> torch.Tensor:
+    bits = np.unpackbits(bitmask.view(np.uint8), axis=1, bitorder="little")
+    return torch.from_numpy(bits).view(torch.bool)
+
+
+def unpack_on_device(words: torch.Tensor) -> torch.Tensor:
+    """The same on the GPU: 32 shifts of each word, no host round trip of the expanded mask."""
+    shifts = torch.arange(32, device=words.device, dtype=torch.int32)
+    return ((words.unsqueeze(-1) >> shifts) & 1).view(words.shape[0], -1).bool()
 
 
 def _bias_tensors(req, device):

@@ -142,3 +142,19 @@ def test_compile_cache_is_bounded_and_bad_grammars_fail_alone(smol_llm):
 def test_engine_refuses_an_out_of_vocabulary_logit_bias(smol_llm):
     with pytest.raises(ValueError, match="logit_bias token ids"):
         smol_llm.engine.add_request("oov", [1, 2, 3], SamplingParams(logit_bias={10**7: 1.0}))
+
+
+def test_host_and_device_mask_unpacking_agree():
+    # The CUDA path's unpacking (shifts on the device) runs here on CPU tensors.
+    import numpy as np
+    import torch
+
+    from gpuworker.engine.logits_shaping import unpack_on_device, unpack_on_host
+
+    rng = np.random.default_rng(0)
+    words = rng.integers(-2**31, 2**31, size=(5, 1536), dtype=np.int64).astype(np.int32)
+    host = unpack_on_host(words)
+    assert host.shape == (5, 1536 * 32)
+    assert torch.equal(host, unpack_on_device(torch.from_numpy(words)))
+    # Bit k of word w is token 32w + k.
+    assert bool(host[0, 32 * 7 + 3]) == bool((int(words[0, 7]) >> 3) & 1)
