@@ -15,6 +15,7 @@ from typing import Any, Optional
 
 from celery import chord
 from celery.utils.log import get_task_logger
+from pydantic import ValidationError
 
 from producer.celery_app import app
 from producer.errors import QueueFull, RateLimited
@@ -61,6 +62,10 @@ def generate(self, prompt: Optional[str] = None, *, messages: Optional[list] = N
         # Backpressure: try again later instead of failing the caller.
         delay = getattr(e, "retry_after", None) or min(60, 2 ** self.request.retries)
         raise self.retry(exc=e, countdown=delay)
+    except ValidationError as e:
+        # pydantic's error does not survive the result backend's pickling (the caller
+        # would see "ValidationError([])"): hand back its message as a plain ValueError.
+        raise ValueError(f"invalid job: {e}") from None
     try:
         res = h.result(timeout=timeout)
     except TimeoutError:
