@@ -34,11 +34,13 @@ UNSUPPORTED = {
     "logits_processors": "custom logits processors are not supported",
     "guided_whitespace_pattern": "guided_whitespace_pattern is not supported",
     "structural_tag": "structural tags are not supported",
+    "best_of": "best_of > 1 is not supported yet (nor n > 1): send several requests with different seeds",
 }
 # Values of those fields that mean "off" (accepted: they change nothing).
 _NEUTRAL = {"use_beam_search": (False, None), "length_penalty": (1.0, 1, None), "logits_processors": (None, []),
             "functions": (None, []), "function_call": (None, "none"), "prediction": (None,), "audio": (None,),
-            "web_search_options": (None,), "guided_whitespace_pattern": (None,), "structural_tag": (None,)}
+            "web_search_options": (None,), "guided_whitespace_pattern": (None,), "structural_tag": (None,),
+            "best_of": (None, 1)}
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 

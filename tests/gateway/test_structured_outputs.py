@@ -160,6 +160,7 @@ def test_logit_bias_and_min_tokens(client):
     ({"extra_body": {"guided_regex": "a", "guided_choice": ["a"]}}, "guided_choice", "at most one"),
     ({"extra_body": {"use_beam_search": True}}, "use_beam_search", "beam search"),
     ({"extra_body": {"functions": [{"name": "f", "parameters": {}}]}}, "functions", "use 'tools'"),
+    ({"extra_body": {"best_of": 3}}, "best_of", "best_of"),
 ])
 def test_bad_constraints_and_unsupported_parameters_are_400s(client, body, param, words):
     with pytest.raises(openai.BadRequestError) as e:
