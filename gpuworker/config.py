@@ -59,6 +59,8 @@ class EngineConfig:
     # ~/.cache/inferq/cpu_kernels (gpuworker/attention/cpu_kernels.py); used while torch
     # runs one thread. None/True: where they build; False (or INFERQ_CPU_KERNELS=0): torch only.
     cpu_kernels: Optional[bool] = None
+    # Structured outputs: compiled grammars kept per process (LRU; a deep copy per request).
+    grammar_cache_size: int = 256
 
     # Default KV budget on CPU, where there is no memory profiling to do.
     CPU_KV_CACHE_BYTES = 2 * 1024**3

@@ -17,6 +17,8 @@ ITL_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.
                20.0, 40.0, 80.0]
 REQUEST_LATENCY_BUCKETS = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
                            60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0]
+# Structured-output grammar compiles: usually ~1 ms, pathological schemas seconds.
+COMPILE_BUCKETS = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0]
 STEP_BUCKETS = [0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0]
 
 
@@ -74,8 +76,22 @@ class WorkerMetrics:
         self.publish_time = h("inferq:publish_seconds", "Wall time of one reply pipeline round trip.", STEP_BUCKETS)
         self.invariant_failures = c("inferq:engine_invariant_failures",
                                     "Block-pool invariant violations seen (only checked with --check-invariants).")
+        # Structured outputs (compiled in the intake thread, gpuworker/engine/grammar.py).
+        self.grammar_compile_time = h("inferq:grammar_compile_seconds",
+                                      "Time to compile a structured-output constraint (cache misses only).", COMPILE_BUCKETS)
+        grammar_cache = Counter("inferq:grammar_cache_lookups", "Structured-output constraints looked up in the "
+                                "compiled-grammar cache, by result (hit | miss).", L + ["result"], registry=reg)
+        self.grammar_cache_hits = grammar_cache.labels(model_name, "hit")
+        self.grammar_cache_misses = grammar_cache.labels(model_name, "miss")
         self.config = Info("inferq:worker_config", "Worker and engine configuration.", registry=reg)
         self._last_totals = {"q": 0, "h": 0, "pk": 0, "pp": 0, "pt": 0, "gt": 0}
+
+    def grammar_compiled(self, seconds: float, cache_hit: bool) -> None:
+        if cache_hit:
+            self.grammar_cache_hits.inc()
+        else:
+            self.grammar_cache_misses.inc()
+            self.grammar_compile_time.observe(seconds)
 
     def finished(self, reason: str) -> None:
         self._finished.labels(self.model_name, reason).inc()

@@ -15,6 +15,7 @@ from gpuworker.attention.base import get_backend
 from gpuworker.config import EngineConfig
 from gpuworker.engine import host_malloc
 from gpuworker.engine.detokenizer import IncrementalDetokenizer
+from gpuworker.engine.grammar import GrammarCompiler
 from gpuworker.engine.kv_cache_manager import KVCacheManager
 from gpuworker.engine.model_runner import ModelRunner
 from gpuworker.engine.outputs import EngineStats, RequestDelta
@@ -93,6 +94,15 @@ class LLMEngine:
         self.last_step_times = None  # (schedule s, runner StepTimes, output/detokenize s)
         self.num_generated_tokens = 0
         self.num_prompt_tokens = 0
+        self._grammar: Optional[GrammarCompiler] = None
+
+    @property
+    def grammar(self) -> GrammarCompiler:
+        """Compiles structured-output constraints for this model's tokenizer (made on first use)."""
+        if self._grammar is None:
+            self._grammar = GrammarCompiler(self.tokenizer, self.model_config.vocab_size, self.eos_token_ids,
+                                            cache_size=self.config.grammar_cache_size)
+        return self._grammar
 
     def _num_kv_blocks(self, mc, dtype: torch.dtype) -> int:
         cfg = self.config
@@ -128,7 +138,11 @@ class LLMEngine:
         priority: int = 0,
         deadline: Optional[float] = None,
         arrival_time: Optional[float] = None,
+        matcher=None,
     ) -> None:
+        """``matcher``: the request's compiled structured-output matcher (from
+        ``self.grammar.matcher``, compiled off the step loop by the caller); when the
+        params have a constraint and none is given, it is compiled here."""
         params = params or SamplingParams()
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in the engine")
@@ -145,7 +159,12 @@ class LLMEngine:
                 f"{self.max_model_len - 1} prompt tokens (max_model_len {self.max_model_len} "
                 f"includes at least one generated token)"
             )
+        if params.logit_bias and max(params.logit_bias) >= vocab:
+            raise ValueError(f"logit_bias token ids must be in [0, {vocab})")
+        if params.structured_outputs is not None and matcher is None:
+            matcher = self.grammar.matcher(params.structured_outputs)
         req = Request(request_id, prompt_token_ids, params, priority, arrival_time, deadline, self.eos_token_ids)
+        req.matcher = matcher
         req.generator = make_generator(params.seed, self.device)
         req.detokenizer = IncrementalDetokenizer(self.tokenizer, req.prompt_token_ids, params)
         if params.uses_penalties:
@@ -222,6 +241,16 @@ class LLMEngine:
         text, stop_str = detok.update_one(token)
         if stop_str is not None:
             return self._finish(req, "stop", [token], text, lps, stop_reason=stop_str, plp=plp)
+        matcher = req.matcher
+        if matcher is not None:
+            # The grammar's accept state with nothing more allowed ends the request as
+            # EOS would ("stop"); a refused token cannot come from a masked row.
+            if not matcher.consume_token(token):
+                log.error("request %s: the sampled token %d broke its constraint: %s",
+                          req.request_id, token, matcher.get_error())
+                return self._finish(req, "abort", [token], text + detok.flush(), lps, stop_reason="constraint", plp=plp)
+            if matcher.is_stopped():
+                return self._finish(req, "stop", [token], text + detok.flush(), lps, plp=plp)
         n_out = len(out_ids)
         if n_out >= req.max_tokens or len(req.all_token_ids) >= self.max_model_len:
             text += detok.flush()

@@ -29,6 +29,7 @@ import torch
 
 from gpuworker.attention.base import AttentionMetadata
 from gpuworker.engine.kv_cache_manager import KVCacheManager
+from gpuworker.engine.logits_shaping import LogitsShaper
 from gpuworker.engine.prompt_logprobs import collect_prompt_logprobs
 from gpuworker.engine.sampler import Sampler, SamplingRow, greedy_argmax
 from gpuworker.engine.scheduler import SchedulerOutput
@@ -130,11 +131,17 @@ class ModelRunner:
         self.block_size = block_size
         self.device = device
         self.sampler = Sampler()
+        self.shaper: Optional[LogitsShaper] = None  # made on the first request that shapes logits
         self.graphs = None  # DecodeGraphs on CUDA, set by the engine after capture
         self.tables = PersistentBlockTable(2 * max_num_seqs, -(-max_model_len // block_size))
         self._staging: Optional[torch.Tensor] = None  # pinned on CUDA, grow-only
         self.num_device_syncs = 0
         self.last_times = StepTimes()
+
+    def _shaper(self) -> LogitsShaper:
+        if self.shaper is None:
+            self.shaper = LogitsShaper(self.model.config.vocab_size)
+        return self.shaper
 
     def _stage(self, n: int) -> torch.Tensor:
         buf = self._staging
@@ -231,6 +238,11 @@ class ModelRunner:
         syncs_before = self.num_device_syncs
         t0 = time.perf_counter()
         ids, positions, meta, rows_idx, sampling, qsl = self.build_metadata(sched, kv)
+        scheduled = sched.scheduled
+        reqs = [scheduled[i].request for i in sampling]
+        shaped = any(r.params.shapes_logits for r in reqs)
+        # Grammar masks are filled on a helper thread while the forward runs.
+        pending = self._shaper().begin(reqs) if shaped else None
         t1 = time.perf_counter()
         if self.graphs is not None and self.graphs.can_run(meta):
             hidden = self.graphs.run(ids, positions, meta)
@@ -244,8 +256,6 @@ class ModelRunner:
         # Logits only for rows that sample: the last token of each finished prompt/decode.
         if rows_idx.numel() != hidden.shape[0]:
             hidden = hidden.index_select(0, rows_idx)
-        scheduled = sched.scheduled
-        reqs = [scheduled[i].request for i in sampling]
         greedy = all(r.plain_greedy for r in reqs)
         # Greedy rows need only the best token: logits stay in the model dtype (widening
         # bf16 to fp32 is exact, so the winner and its tie-breaking are the same).
@@ -259,6 +269,9 @@ class ModelRunner:
             token_ids = greedy_argmax(logits).tolist()
             lps: list = [None] * len(reqs)
         else:
+            if shaped:
+                logits = logits.float()
+                self.shaper.apply(logits, reqs, pending)
             rows = [
                 SamplingRow(params=r.params, prompt_token_ids=r.prompt_token_ids,
                             output_token_ids=r.output_token_ids, generator=r.generator,

@@ -33,7 +33,7 @@ class Request:
         "plain_greedy", "finishing_token_ids", "wants_logprobs", "max_tokens", "all_token_ids",
         "output_token_ids", "prompt_logprobs", "prompt_logprobs_sent", "num_computed_tokens",
         "num_cached_tokens", "num_preemptions", "status", "finish_reason", "block_hashes", "generator",
-        "detokenizer", "penalty_tokens",
+        "detokenizer", "penalty_tokens", "matcher", "bias_tensors",
     )
 
     def __init__(
@@ -82,6 +82,10 @@ class Request:
         self.generator = None
         self.detokenizer = None
         self.penalty_tokens = None  # PenaltyTokens when the request uses penalties
+        # Structured outputs: the request's llguidance matcher, advanced by every
+        # output token. Preemption keeps the output tokens, so it stays valid.
+        self.matcher = None
+        self.bias_tensors = None  # logit_bias as (ids, values) tensors, see logits_shaping
 
     @property
     def num_tokens(self) -> int:

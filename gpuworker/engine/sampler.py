@@ -130,7 +130,8 @@ def _is_greedy(p: SamplingParams) -> bool:
 
 
 def _is_plain_greedy(p: SamplingParams) -> bool:
-    return p.temperature < _GREEDY_EPS and p.logprobs is None and not p.uses_penalties
+    # A row whose logits are shaped (bias, min_tokens, a grammar) needs them in full.
+    return p.temperature < _GREEDY_EPS and p.logprobs is None and not p.uses_penalties and not p.shapes_logits
 
 
 class Sampler:

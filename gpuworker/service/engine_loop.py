@@ -139,7 +139,8 @@ class EngineLoop(threading.Thread):
         job = st.job
         try:
             self.engine.add_request(st.id, st.prompt_ids, job.sampling, priority=engine_priority(job),
-                                    deadline=job.deadline, arrival_time=st.created)
+                                    deadline=job.deadline, arrival_time=st.created,
+                                    matcher=None if st.matcher is None else st.matcher.deep_copy())
         except ValueError as e:
             self._in_engine.discard(st.id)
             self.out.put(Rejected(st, "invalid_request", str(e)))

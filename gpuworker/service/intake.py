@@ -26,6 +26,7 @@ from schemas.job import Job, job_payload
 from schemas.queues import Lane
 from schemas.redis_errors import REFUSING_WRITES, UNAVAILABLE
 
+from gpuworker.engine.grammar import GrammarError
 from gpuworker.service import replies
 from gpuworker.service.batch import Batch, retrying
 from gpuworker.service.context import WorkerContext
@@ -60,12 +61,14 @@ def describe(e: Exception) -> str:
 class Intake(threading.Thread):
     def __init__(self, ctx: WorkerContext, r: redis.Redis, inflight: InFlight, prompts: PromptBuilder,
                  to_engine: "queue.Queue", to_publisher: "queue.Queue", metrics, log, block_ms: int,
-                 stop: threading.Event):
+                 stop: threading.Event, grammar=None, grammar_timeout_s: Optional[float] = None):
         super().__init__(name="inferq-intake", daemon=True)
         self.ctx, self.r, self.inflight, self.prompts = ctx, r, inflight, prompts
         self.to_engine, self.to_publisher, self.metrics, self.log = to_engine, to_publisher, metrics, log
         self.block_ms = block_ms
         self.stop = stop
+        self.grammar = grammar  # GrammarCompiler for structured outputs (None: the worker has none)
+        self.grammar_timeout_s = grammar_timeout_s
         self.local: "queue.Queue[tuple[Lane, str, dict, str]]" = queue.Queue()
         self.reader = LaneReader(ctx, r, log, self.ensure_group)
         self.error: Optional[BaseException] = None
@@ -276,6 +279,14 @@ class Intake(threading.Thread):
             except Exception as e:  # a tokenizer failure is this job's problem, not the worker's
                 self._reject(b, lane, entry_id, raw, job.id, attempt, "invalid_prompt", f"tokenization failed: {e}")
                 continue
+            constraint = job.sampling.structured_outputs
+            if constraint is not None:
+                # Compiled here, off the step loop; a cache hit costs a copy.
+                try:
+                    st.matcher = self.grammar.matcher(constraint, timeout_s=self.grammar_timeout_s)
+                except GrammarError as e:
+                    self._reject(b, lane, entry_id, raw, job.id, attempt, "invalid_constraint", str(e))
+                    continue
             ready.append(st)
             self.metrics.queue_time.observe(max(0.0, now - st.created))
             if self.ctx.log_prompts:

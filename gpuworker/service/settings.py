@@ -65,6 +65,12 @@ class WorkerSettings(QueuePolicy):
     steal_after_ms: int = Field(1000, ge=0, description="prefix affinity: a job waiting on another worker's lane this long may be taken by this one")
     session_ttl: int = Field(600, ge=1, description="prefix affinity: seconds a session remembers the worker that served it")
 
+    # Structured outputs
+    grammar_compile_timeout_s: float = Field(10.0, gt=0.0, description="a job whose constraint takes longer to compile fails with an error event")
+    grammar_cache_size: int = Field(_engine_default("grammar_cache_size"), ge=1, description="compiled structured-output grammars kept (LRU)")
+    # Test aid, off by default: slows every cold grammar compile so a compile time-out can be provoked.
+    test_grammar_compile_delay_s: float = Field(0.0, ge=0.0, le=60.0, description="test aid: add this to every grammar compile (0 = off)")
+
     check_invariants: bool = Field(False, description="verify the KV block pool after aborts and when idle (debugging)")
     # Test aid, off by default: tests that need a job to still be running at some
     # point (a deadline, a drain timeout) pace the engine instead of assuming a slow machine.

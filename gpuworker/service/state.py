@@ -55,6 +55,9 @@ class JobState:
     suspect: str = ""
     # The stream (lane) the job's entry is on: every fenced change names it.
     lane: Optional[Lane] = None
+    # Structured outputs: the job's compiled matcher in its start state (the engine
+    # gets a copy on every add, so a restart after an engine fault starts clean).
+    matcher: Any = None
 
     def __post_init__(self) -> None:
         if self.lane is None:

@@ -20,6 +20,7 @@ from gpuworker.service.engine_loop import EngineLoop
 from gpuworker.service.identity import WorkerIdentity
 from gpuworker.service.intake import Intake
 from gpuworker.service.lease import LeaseKeeper
+from gpuworker.engine.grammar import GrammarCompiler
 from gpuworker.service.prompts import PromptBuilder
 from gpuworker.service.publisher import STOP, Publisher
 from gpuworker.service.settings import WorkerSettings
@@ -109,8 +110,12 @@ class Worker:
         self.to_engine: queue.Queue = queue.Queue()
         self.to_publisher: queue.Queue = queue.Queue()
         prompts = PromptBuilder(copy.deepcopy(eng.tokenizer), eng.max_model_len, eng.model_config.vocab_size)
+        grammar = GrammarCompiler(copy.deepcopy(eng.tokenizer), eng.model_config.vocab_size, eng.eos_token_ids,
+                                  cache_size=self.s.grammar_cache_size, on_compile=self.metrics.grammar_compiled,
+                                  compile_delay_s=self.s.test_grammar_compile_delay_s)
         self.intake = Intake(self.ctx, self.r, self.inflight, prompts, self.to_engine, self.to_publisher,
-                             self.metrics, self.log, self.s.block_ms, self.stop_reading)
+                             self.metrics, self.log, self.s.block_ms, self.stop_reading,
+                             grammar=grammar, grammar_timeout_s=self.s.grammar_compile_timeout_s)
         self.engine_loop = EngineLoop(eng, self.to_engine, self.to_publisher, self.inflight, self.metrics, self.log,
                                       rebuild=lambda: build_engine(self.s), check_invariants=self.s.check_invariants,
                                       step_pace_s=self.s.step_pace_s)

@@ -1,8 +1,9 @@
 """OpenAI request bodies the gateway accepts, and how they become a Job.
 
 Unknown fields are ignored (OpenAI clients send extras such as `user`), but the
-ones we do read are validated, and requests we cannot honour (several choices,
-batched prompts, image parts) are refused with a message that says so.
+ones we do read are validated, and requests we cannot honour (batched prompts,
+image parts, the generation-changing parameters listed in
+openai_structured.UNSUPPORTED) are refused with a message that says so.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from schemas import SamplingParams
 from producer.gateway.config import GatewaySettings
 from producer.gateway.errors import bad_request
+from producer.gateway.openai_structured import StructuredFields
 from producer.gateway.openai_tools import ToolCallIn, ToolChoice, ToolDef
 
 
@@ -21,8 +23,10 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
-class _Common(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+class _Common(StructuredFields):
+    # Unknown fields are kept (not read) so that build_sampling can refuse the
+    # generation-changing ones we do not implement (openai_structured.UNSUPPORTED).
+    model_config = ConfigDict(extra="allow")
 
     model: Optional[str] = Field(None, max_length=256)
     max_tokens: Optional[int] = Field(None, ge=1)
@@ -161,6 +165,7 @@ def build_sampling(req: _Common, settings: GatewaySettings, max_tokens: Optional
         raise bad_request(f"max_tokens={max_tokens} exceeds this gateway's cap of {settings.max_tokens_cap}",
                           param="max_tokens")
     fields = req.sampling_fields()
+    fields.update(req.shaping_fields())  # constraint (compiled here: a 400 if it cannot be), logit_bias, min_tokens
     fields["max_tokens"] = max_tokens if max_tokens is not None else min(settings.default_max_tokens, settings.max_tokens_cap)
     if logprobs is not None:
         fields["logprobs"] = logprobs

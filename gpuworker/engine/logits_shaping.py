@@ -1,0 +1,123 @@
+"""Per-request changes to a step's logits before sampling: logit bias, min_tokens,
+and the structured-output token mask.
+
+Order (as vLLM's logits processors): bias, then min_tokens (EOS and stop token ids
+banned until enough tokens are out), then the grammar mask last, so nothing can
+bring back a token the grammar forbids. Logprobs are computed by the sampler from
+the shaped logits: they report the distribution after the mask.
+
+The grammar masks of a step are filled by llguidance outside the GIL on a helper
+thread started *before* the forward pass (``begin``), so on a CPU with a spare core
+the mask costs no step time; ``apply`` waits for it, then applies all masks of the
+batch in one vectorised op (bitmask -> bool -> ``masked_fill_``).
+"""
+from __future__ import annotations
+
+import os
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Optional
+
+import llguidance
+import llguidance.numpy as llg_np
+import numpy as np
+import torch
+
+_NEG_INF = float("-inf")
+
+
+class PendingMasks:
+    """The bitmask of one step's constrained rows, being filled."""
+
+    __slots__ = ("rows", "bitmask", "future")
+
+    def __init__(self, rows: list[int], bitmask: np.ndarray, future: Optional[Future]):
+        self.rows = rows  # indices into the step's sampling rows
+        self.bitmask = bitmask
+        self.future = future
+
+
+class LogitsShaper:
+    def __init__(self, vocab_size: int):
+        self.vocab_size = vocab_size
+        self._executor = None  # llguidance's own pool (fills several masks in parallel)
+        self._thread = None  # one Python thread that drives it while the forward runs
+        self._bitmask = llg_np.allocate_token_bitmask(1, vocab_size)
+
+    def _pools(self):
+        if self._thread is None:
+            self._executor = llguidance.LLExecutor(num_threads=max(1, min(4, (os.cpu_count() or 2) - 1)))
+            self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="inferq-mask")
+        return self._executor, self._thread
+
+    def begin(self, reqs: list) -> Optional[PendingMasks]:
+        """Start filling the grammar masks of the constrained rows (None: no row has one)."""
+        rows = [i for i, r in enumerate(reqs) if r.matcher is not None]
+        if not rows:
+            return None
+        words = self._bitmask.shape[1]
+        if self._bitmask.shape[0] < len(rows):
+            self._bitmask = llg_np.allocate_token_bitmask(max(len(rows), 2 * self._bitmask.shape[0]), self.vocab_size)
+        bitmask = self._bitmask[: len(rows)]
+        assert bitmask.shape[1] == words
+        matchers = [(reqs[i].matcher, j) for j, i in enumerate(rows)]
+        executor, thread = self._pools()
+        fut = thread.submit(llg_np.fill_next_token_bitmask_par, executor, matchers, bitmask)
+        return PendingMasks(rows, bitmask, fut)
+
+    def apply(self, logits: torch.Tensor, reqs: list, pending: Optional[PendingMasks]) -> None:
+        """Shape ``logits`` ([rows, vocab], float, owned by the caller) in place."""
+        for i, r in enumerate(reqs):
+            p = r.params
+            if p.logit_bias:
+                ids, vals = _bias_tensors(r, logits.device)
+                logits[i].index_add_(0, ids, vals)
+            if p.min_tokens and len(r.output_token_ids) < p.min_tokens:
+                banned = sorted(set(r.eos_token_ids) | set(p.stop_token_ids))
+                banned = [t for t in banned if t < logits.shape[1]]
+                if banned:
+                    logits[i, banned] = _NEG_INF
+        if pending is None:
+            return
+        pending.future.result()
+        allowed = self._unpack(pending.bitmask, logits.shape[1], logits.device)
+        rows = pending.rows
+        for j, i in enumerate(rows):
+            if reqs[i].matcher.is_error():
+                # Cannot happen with a valid mask; never sample from an all -inf row:
+                # allow EOS only, so the request ends instead of drawing NaNs.
+                allowed[j].zero_()
+                allowed[j, list(reqs[i].eos_token_ids)[:1] or [0]] = True
+        if len(rows) == logits.shape[0]:
+            logits.masked_fill_(~allowed, _NEG_INF)
+        else:
+            for j, i in enumerate(rows):
+                logits[i].masked_fill_(~allowed[j], _NEG_INF)
+
+    @staticmethod
+    def _unpack(bitmask: np.ndarray, width: int, device: torch.device) -> torch.Tensor:
+        """[rows, words] int32 bitmask (bit k of word w = token 32w+k) -> [rows, width] bool."""
+        if device.type == "cpu":
+            bits = np.unpackbits(bitmask.view(np.uint8), axis=1, bitorder="little")
+            out = torch.from_numpy(bits).view(torch.bool)
+        else:
+            words = torch.from_numpy(bitmask).to(device, non_blocking=False)
+            shifts = torch.arange(32, device=device, dtype=torch.int32)
+            out = ((words.unsqueeze(-1) >> shifts) & 1).view(words.shape[0], -1).bool()
+        if out.shape[1] < width:  # logits wider than the tokenizer's vocabulary: padding ids are never allowed
+            out = torch.nn.functional.pad(out, (0, width - out.shape[1]), value=False)
+        return out[:, :width]
+
+    def close(self) -> None:
+        if self._thread is not None:
+            self._thread.shutdown(wait=False)
+
+
+def _bias_tensors(req, device):
+    """The request's logit bias as (ids, values) tensors, built once per request."""
+    cached = req.bias_tensors
+    if cached is None or cached[0].device != device:
+        items = sorted(req.params.logit_bias.items())
+        cached = (torch.tensor([k for k, _ in items], dtype=torch.long, device=device),
+                  torch.tensor([v for _, v in items], dtype=torch.float32, device=device))
+        req.bias_tensors = cached
+    return cached
