@@ -168,7 +168,7 @@ def _structured(schema: dict, param: str) -> StructuredOutputs:
     try:
         return StructuredOutputs(json_schema=schema)
     except ValueError as e:
-        problem = "; ".join(err["msg"] for err in getattr(e, "errors", lambda: [])()) or str(e)
+        problem = "; ".join(err["msg"].removeprefix("Value error, ") for err in getattr(e, "errors", list)()) or str(e)
         raise bad_request(f"{param}: not a JSON Schema the decoder can enforce: {problem}", param=param) from None
 
 
