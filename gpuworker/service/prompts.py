@@ -1,8 +1,20 @@
 """Turn a job into prompt token ids (chat template for ``messages``), with the
-checks that give a clear error instead of a failed engine step."""
+checks that give a clear error instead of a failed engine step.
+
+Tool calling: a template that knows tools (Llama 3.x, Qwen, Mistral, ...) gets
+them and the tool turns in the shapes Hugging Face templates expect. One that
+does not (the bundled SmolLM2) gets a Hermes-style system block describing the
+tools and asking for ``<tool_call>`` JSON, and the tool turns as text.
+"""
 from __future__ import annotations
 
-from schemas.job import Job
+import hashlib
+import json
+import re
+import string
+from typing import Optional
+
+from schemas.job import ChatMessage, Job
 
 
 class PromptError(ValueError):
@@ -31,9 +43,7 @@ class PromptBuilder:
             if not getattr(self.tok, "chat_template", None):
                 raise PromptError("no_chat_template", "this model has no chat template: send 'prompt' instead of 'messages'")
             try:
-                text = self.tok.apply_chat_template(
-                    [m.model_dump() for m in job.messages], tokenize=False, add_generation_prompt=True
-                )
+                text = self._chat_text(job)
             except Exception as e:  # template errors (e.g. unsupported roles) are the client's
                 raise PromptError("invalid_messages", f"chat template failed: {e}") from None
             ids = list(self.tok(text, add_special_tokens=False).input_ids)
@@ -46,3 +56,99 @@ class PromptBuilder:
                 f"prompt tokens (max_model_len {self.max_model_len})",
             )
         return ids
+
+    def _chat_text(self, job: Job) -> str:
+        messages, tools = job.messages, job.tools
+        if not tools and not any(m.tool_calls or m.role == "tool" for m in messages):
+            return self.tok.apply_chat_template([m.model_dump() for m in messages], tokenize=False,
+                                                add_generation_prompt=True)
+        if template_knows_tools(self.tok.chat_template):
+            return self.tok.apply_chat_template([template_message(m) for m in messages], tools=tools,
+                                                tokenize=False, add_generation_prompt=True)
+        return self.tok.apply_chat_template(fallback_messages(messages, tools), tokenize=False,
+                                            add_generation_prompt=True)
+
+
+_TOOLS_WORD = re.compile(r"\btools\b")
+
+
+def template_knows_tools(template) -> bool:
+    """Templates that render tools read a ``tools`` variable."""
+    if isinstance(template, dict):  # named templates: the default one, or a "tool_use" one
+        template = template.get("tool_use") or template.get("default")
+    return isinstance(template, str) and bool(_TOOLS_WORD.search(template))
+
+
+def _arguments(text: str):
+    """HF templates write ``arguments | tojson``: they want the object, not its text."""
+    try:
+        value = json.loads(text)
+    except (TypeError, ValueError):
+        return text
+    return value if isinstance(value, dict) else text
+
+
+_ID_CHARS = string.ascii_letters + string.digits
+
+
+def template_call_id(call_id: Optional[str]) -> Optional[str]:
+    """Mistral's templates refuse ids that are not 9 letters or digits; OpenAI's
+    ("call_...") are longer. A call and its answer map to the same short id."""
+    if call_id is None or (len(call_id) == 9 and call_id.isalnum()):
+        return call_id
+    digest = hashlib.sha256(call_id.encode()).digest()
+    return "".join(_ID_CHARS[b % len(_ID_CHARS)] for b in digest[:9])
+
+
+def template_message(m: ChatMessage) -> dict:
+    msg: dict = {"role": m.role, "content": m.content}
+    if m.tool_calls:
+        msg["tool_calls"] = [
+            {"id": template_call_id(c.get("id")), "type": "function",
+             "function": {"name": c["function"]["name"], "arguments": _arguments(c["function"].get("arguments"))}}
+            for c in m.tool_calls
+        ]
+    if m.role == "tool":
+        msg["tool_call_id"] = template_call_id(m.tool_call_id)
+        if m.name:
+            msg["name"] = m.name
+    return msg
+
+
+def tools_block(tools: list[dict]) -> str:
+    listed = "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
+    return ("# Tools\n\nYou may call functions to help with the user's request. They are described inside "
+            f"<tools></tools>, one JSON object each:\n<tools>\n{listed}\n</tools>\n\n"
+            "To call a function, answer with a JSON object for each call inside <tool_call></tool_call> tags:\n"
+            '<tool_call>\n{"name": <function name>, "arguments": <arguments as a JSON object>}\n</tool_call>')
+
+
+def _call_text(call: dict) -> str:
+    fn = call["function"]
+    body = {"name": fn["name"], "arguments": _arguments(fn.get("arguments"))}
+    return f"<tool_call>\n{json.dumps(body, ensure_ascii=False)}\n</tool_call>"
+
+
+def fallback_messages(messages: list[ChatMessage], tools: Optional[list[dict]]) -> list[dict]:
+    """For a template without tool support: tools in the system message, calls
+    and answers as text (answers as a user turn, since such templates may know
+    no ``tool`` role); consecutive answers share one turn."""
+    out: list[dict] = []
+    for m in messages:
+        if m.role == "tool":
+            answer = f"<tool_response>\n{m.content}\n</tool_response>"
+            if out and out[-1].get("_answers"):
+                out[-1]["content"] += "\n" + answer
+            else:
+                out.append({"role": "user", "content": answer, "_answers": True})
+            continue
+        content = m.content
+        if m.tool_calls:
+            content = "\n".join(([content] if content else []) + [_call_text(c) for c in m.tool_calls])
+        out.append({"role": m.role, "content": content})
+    if tools:
+        if out and out[0]["role"] == "system":
+            out[0]["content"] = f"{out[0]['content']}\n\n{tools_block(tools)}"
+        else:
+            out.insert(0, {"role": "system", "content": tools_block(tools)})
+    return [{"role": m["role"], "content": m["content"]} for m in out]

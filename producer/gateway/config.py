@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Literal, Optional
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -35,6 +35,9 @@ class GatewaySettings(BaseSettings):
     # Optional allow-list of served model names (comma-separated); empty = any
     # model a worker has registered.
     models: str = ""
+    # How chat answers with tool_choice "auto" are searched for tool calls: the
+    # format of the served model's family, or "auto" (each format; the first opener found decides).
+    tool_parser: Literal["auto", "hermes", "llama3", "mistral"] = "auto"
     # SSE comment sent when a stream is idle, so proxies keep the connection.
     keepalive_s: float = Field(15.0, gt=0)
     # Secure by default: a gateway reachable from other machines must have API

@@ -13,6 +13,7 @@ from producer.gateway.errors import bad_request
 from producer.gateway.openai_schemas import (
     ChatCompletionRequest, CompletionRequest, build_sampling, check_prompt_size,
 )
+from producer.gateway.openai_tools import ToolPlan, plan_tools
 from producer.gateway.runner import Context, make_job
 
 Resolver = Callable[[Optional[str]], Awaitable[str]]
@@ -28,6 +29,7 @@ class Prepared:
     prefix: str = ""  # the echoed prompt of a completion
     echo: bool = False
     echo_logprobs: bool = False
+    tools: Optional[ToolPlan] = None  # chat with tools: the answer's text becomes tool_calls
 
     def body(self, job_id: str, asm: Assembly) -> dict:
         """The non-streaming response body of the endpoint."""
@@ -35,6 +37,8 @@ class Prepared:
             return fmt.completion_response(job_id, self.model, asm, self.prefix, self.logprobs_n, echo=self.echo,
                                            prompt_logprobs_n=self.prompt_logprobs_n)
         body = fmt.chat_response(job_id, self.model, asm, self.logprobs_n)
+        if self.tools is not None:
+            self.tools.shape_body(body)
         if self.prompt_logprobs_n is not None:  # vLLM puts them at the top of a chat response
             body["prompt_logprobs"] = fmt.prompt_logprobs_body(asm, self.prompt_logprobs_n)
         return body
@@ -77,10 +81,13 @@ async def prepare_chat(ctx: Context, req: ChatCompletionRequest, resolve: Resolv
         raise bad_request("top_logprobs needs logprobs: true", param="top_logprobs")
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     sampling = build_sampling(req, ctx.settings, max_tokens, logprobs_n, req.prompt_logprobs)
+    tools = plan_tools(req.tools, req.tool_choice, req.parallel_tool_calls, ctx.settings.tool_parser)
+    if tools is not None:
+        sampling = tools.sampling(sampling)
     model = await resolve(req.model)
-    # The worker applies the model's chat template to `messages`.
-    job = make_job(model=model, messages=messages, sampling=sampling,
+    # The worker applies the model's chat template to `messages` (and `tools`).
+    job = make_job(model=model, messages=messages, sampling=sampling, tools=tools.job_tools() if tools else None,
                    priority=req.priority if priority is None else priority, tenant=tenant, deadline=deadline,
                    priority_class=priority_class or req.priority_class, session_id=req.session_id,
                    metadata={"route": "chat.completions", **(metadata or {})})
-    return Prepared("chat", job, model, logprobs_n, req.prompt_logprobs)
+    return Prepared("chat", job, model, logprobs_n, req.prompt_logprobs, tools=tools)

@@ -17,6 +17,7 @@ from producer.errors import JobNotFound
 from producer.gateway.errors import APIError, job_expired_error, reply_gap_error
 from producer.gateway.openai_jobs import prepare_chat, prepare_completion
 from producer.gateway.openai_schemas import ChatCompletionRequest, CompletionRequest
+from producer.gateway.openai_tools import ToolDeltas
 from producer.gateway.runner import (
     Context, GatewayTimeout, admit, cancel_shielded, ctx_of, raise_for_error, resolve_model, stream_pieces,
     wait_for_result,
@@ -55,7 +56,8 @@ async def chat_completions(req: ChatCompletionRequest, request: Request, princip
     ctx.metrics.jobs_submitted.labels(route="chat.completions").inc()
     if req.stream:
         return StreamingResponse(_stream(ctx, "chat", job_id, p.model, req.include_usage, p.logprobs_n, "",
-                                         prompt_logprobs_n=req.prompt_logprobs),
+                                         prompt_logprobs_n=req.prompt_logprobs,
+                                         tools=p.tools.deltas() if p.tools else None),
                                  media_type="text/event-stream", headers={**sse.SSE_HEADERS, **_job_headers(job_id)})
     asm = await wait_for_result(ctx, request, job_id)
     raise_for_error(asm, job_id)
@@ -70,8 +72,9 @@ def _json(body: dict, job_id: str):
 
 async def _stream(ctx: Context, kind: str, job_id: str, model: str, include_usage: bool,
                   logprobs_n: Optional[int], prefix: str, echo_logprobs: bool = False,
-                  prompt_logprobs_n: Optional[int] = None):
-    """SSE body in OpenAI's chunk format. If the client disconnects, Starlette
+                  prompt_logprobs_n: Optional[int] = None, tools: Optional[ToolDeltas] = None):
+    """SSE body in OpenAI's chunk format. With ``tools`` (chat with tools) the
+    tool-call parser decides which text is content and which is a call. If the client disconnects, Starlette
     cancels this generator and the ``finally`` cancels the job."""
     created = int(time.time())
     asm = Assembly()
@@ -129,6 +132,20 @@ async def _stream(ctx: Context, kind: str, job_id: str, model: str, include_usag
                                                     logprobs=fmt.echo_logprobs(asm, logprobs_n)))
             lp = fmt.piece_logprobs(piece, kind, logprobs_n, offset)
             offset += len(piece.text)
+            if tools is not None:
+                # A piece may give no delta (text held while a call may be opening): its
+                # logprobs then ride on an empty delta.
+                plp_due = prompt_logprobs_n is not None and not plp_sent
+                deltas = tools.feed(piece.text) or ([{}] if lp is not None or plp_due else [])
+                for i, delta in enumerate(deltas):
+                    chunk = fmt.chat_chunk(job_id, model, created, delta, logprobs=lp if i == 0 else None,
+                                           include_usage=include_usage)
+                    if prompt_logprobs_n is not None and not plp_sent:
+                        plp_sent = True
+                        chunk["prompt_logprobs"] = fmt.prompt_logprobs_body(asm, prompt_logprobs_n)
+                    last_sent = time.monotonic()
+                    yield sse.data(chunk)
+                continue
             if lp is None and (prompt_logprobs_n is None or plp_sent):
                 last_sent = time.monotonic()
                 yield text_chunk(piece.text)
@@ -156,8 +173,13 @@ async def _stream(ctx: Context, kind: str, job_id: str, model: str, include_usag
             except APIError as e:
                 yield sse.data(e.body())
         else:
+            finish_reason = asm.finish_reason
+            if tools is not None:
+                for delta in tools.finish():
+                    yield sse.data(fmt.chat_chunk(job_id, model, created, delta, include_usage=include_usage))
+                finish_reason = tools.finish_reason(finish_reason)
             if kind == "chat":
-                yield sse.data(fmt.chat_chunk(job_id, model, created, {}, finish_reason=asm.finish_reason,
+                yield sse.data(fmt.chat_chunk(job_id, model, created, {}, finish_reason=finish_reason,
                                               include_usage=include_usage))
             else:
                 yield sse.data(fmt.completion_chunk(job_id, model, created, "", finish_reason=asm.finish_reason,

@@ -15,6 +15,7 @@ from schemas import SamplingParams
 from producer.gateway.config import GatewaySettings
 from producer.gateway.errors import bad_request
 from producer.gateway.openai_structured import StructuredFields
+from producer.gateway.openai_tools import ToolCallIn, ToolChoice, ToolDef
 
 
 class StreamOptions(BaseModel):
@@ -113,6 +114,10 @@ class ChatMessageIn(BaseModel):
     model_config = ConfigDict(extra="ignore")
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Union[str, list[ContentPart], None] = None
+    # Tool calling: an assistant turn's calls; a tool turn's answer to one of them.
+    tool_calls: Optional[list[ToolCallIn]] = None
+    tool_call_id: Optional[str] = Field(None, max_length=256)
+    name: Optional[str] = Field(None, max_length=256)
 
     def text(self) -> str:
         if self.content is None:
@@ -126,16 +131,32 @@ class ChatMessageIn(BaseModel):
             texts.append(part.text or "")
         return "".join(texts)
 
+    def job_message(self) -> dict:
+        # "developer" is OpenAI's newer name for the system role.
+        msg: dict = {"role": "system" if self.role == "developer" else self.role, "content": self.text()}
+        if self.role == "tool":
+            if not self.tool_call_id:
+                raise bad_request("a message with role 'tool' needs the tool_call_id it answers", param="messages")
+            msg["tool_call_id"] = self.tool_call_id
+        if self.tool_calls and self.role == "assistant":
+            msg["tool_calls"] = [c.job_dict() for c in self.tool_calls]
+        if self.name is not None and self.role == "tool":
+            msg["name"] = self.name
+        return msg
+
 
 class ChatCompletionRequest(_Common):
     messages: list[ChatMessageIn] = Field(min_length=1)
     logprobs: bool = False
     top_logprobs: Optional[int] = Field(None, ge=0, le=20)
     max_completion_tokens: Optional[int] = Field(None, ge=1)
+    # Tool calling (producer/gateway/openai_tools.py).
+    tools: Optional[list[ToolDef]] = None
+    tool_choice: Optional[ToolChoice] = None
+    parallel_tool_calls: bool = True
 
-    def job_messages(self) -> list[dict[str, str]]:
-        # "developer" is OpenAI's newer name for the system role.
-        return [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in self.messages]
+    def job_messages(self) -> list[dict]:
+        return [m.job_message() for m in self.messages]
 
 
 def build_sampling(req: _Common, settings: GatewaySettings, max_tokens: Optional[int],
