@@ -148,7 +148,9 @@ class Assembly:
             self.restarts += 1
         self.attempt = attempt
         self.text, self.token_ids, self.logprobs, self.has_logprobs = "", [], [], False
-        self.others = {}
+        # What a stream already showed of each choice stays shown (it cannot be taken back).
+        self.others = {i: Choice(i, shown_chars=c.shown_chars, shown_tokens=c.shown_tokens)
+                       for i, c in self.others.items()}
         self.prompt_token_ids = self.prompt_logprobs = None
 
     @property
