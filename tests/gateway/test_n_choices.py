@@ -78,6 +78,27 @@ def test_seeded_choices_differ_and_reproduce(client):
     assert len({c.text for c in a.choices}) > 1  # choice i samples with seed + i
 
 
+def test_seeded_choice_i_equals_a_single_request_with_seed_plus_i(client):
+    kw = dict(model=TINY, prompt="Once upon a time", max_tokens=MAX_TOKENS, temperature=1.0,
+              extra_body={"ignore_eos": True})
+    singles = [client.completions.create(seed=11 + i, **kw).choices[0].text for i in range(3)]
+    many = client.completions.create(seed=11, n=3, **kw)
+    assert [c.text for c in many.choices] == singles
+    streamed = {}
+    for chunk in client.completions.create(seed=11, n=3, stream=True, **kw):
+        for c in chunk.choices:
+            streamed[c.index] = streamed.get(c.index, "") + c.text
+    assert streamed == dict(enumerate(singles))  # streamed assembly per index equals non-streamed
+
+
+def test_greedy_n4_with_ignore_eos_runs_every_choice_to_max_tokens(client):
+    single = _chat(client, extra_body={"ignore_eos": True})
+    many = _chat(client, n=4, extra_body={"ignore_eos": True})
+    assert [c.message.content for c in many.choices] == [single.choices[0].message.content] * 4
+    assert [c.finish_reason for c in many.choices] == ["length"] * 4
+    assert many.usage.completion_tokens == 4 * MAX_TOKENS
+
+
 def test_n_over_the_cap_is_a_400(client):
     with pytest.raises(openai.BadRequestError) as e:
         _chat(client, n=17)
