@@ -14,11 +14,11 @@ from __future__ import annotations
 import re
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterator, Optional, Union
 
 from schemas import SamplingParams, Timings, Usage, keys, records, transitions
-from schemas.fold import Assembly
+from schemas.fold import Assembly, Choice
 from schemas.queues import lanes_of
 from schemas.follower import Follow, follow
 from schemas.job import ChatMessage, Job
@@ -45,6 +45,8 @@ class JobResult:
     # With sampling.prompt_logprobs: the prompt's ids and one entry per prompt token (None first).
     prompt_token_ids: Optional[list[int]] = None
     prompt_logprobs: Optional[list[Optional[dict[int, float]]]] = None
+    # Every choice by index (sampling.n > 1), choice 0 first; the fields above are choice 0's.
+    choices: list[Choice] = field(default_factory=list)
 
 
 # --- pure helpers shared with the async client ------------------------------------
@@ -123,6 +125,7 @@ class ResultBuilder:
             attempt=asm.done.attempt,
             prompt_token_ids=asm.prompt_token_ids,
             prompt_logprobs=asm.prompt_logprobs,
+            choices=asm.choices(),
         )
 
 

@@ -65,6 +65,20 @@ class Piece:
     text: str
     token_ids: list[int]
     logprobs: Optional[list[dict[int, float]]]
+    index: int = 0  # the choice (sampling.n > 1)
+
+
+@dataclass
+class Choice:
+    """One choice's output; choice 0's lives on the Assembly itself."""
+
+    index: int
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[dict[int, float]] = field(default_factory=list)
+    finish_reason: Optional[str] = None
+    shown_chars: int = 0
+    shown_tokens: int = 0
 
 
 @dataclass
@@ -88,6 +102,8 @@ class Assembly:
     # What a streaming client has already been sent (characters / tokens).
     shown_chars: int = 0
     shown_tokens: int = 0
+    # Choices 1..n-1 of a several-choice job (n > 1), by index.
+    others: dict[int, Choice] = field(default_factory=dict)
     _filter: ReplyFilter = field(default_factory=ReplyFilter, repr=False)
 
     def feed(self, event) -> Optional[Piece]:
@@ -100,6 +116,8 @@ class Assembly:
             self._restart(event.attempt, force=True)
         elif kind == "started":
             self.worker = event.worker
+        elif kind == "delta" and event.index:
+            return self._feed_other(event)
         elif kind == "delta":
             self.text += event.text
             self.token_ids += event.token_ids
@@ -114,6 +132,9 @@ class Assembly:
             self.finish_reason = event.finish_reason
             self.usage = event.usage.model_dump()
             self.timings = event.timings.model_dump()
+            for end in event.choices or []:
+                if end.index:
+                    self.others.setdefault(end.index, Choice(end.index)).finish_reason = end.finish_reason
         elif kind == "error":
             self.error_code, self.error_message = event.code, event.message
         if kind in TERMINAL_TYPES:
@@ -127,7 +148,34 @@ class Assembly:
             self.restarts += 1
         self.attempt = attempt
         self.text, self.token_ids, self.logprobs, self.has_logprobs = "", [], [], False
+        # What a stream already showed of each choice stays shown (it cannot be taken back).
+        self.others = {i: Choice(i, shown_chars=c.shown_chars, shown_tokens=c.shown_tokens)
+                       for i, c in self.others.items()}
         self.prompt_token_ids = self.prompt_logprobs = None
+
+    @property
+    def n_choices(self) -> int:
+        return 1 + max(self.others, default=0)
+
+    def choices(self) -> list[Choice]:
+        """Every choice by index, choice 0 (the Assembly's own fields) first."""
+        first = Choice(0, self.text, self.token_ids, self.logprobs, self.finish_reason)
+        return [first] + [self.others.get(i) or Choice(i) for i in range(1, self.n_choices)]
+
+    def _feed_other(self, event) -> Optional[Piece]:
+        c = self.others.setdefault(event.index, Choice(event.index))
+        c.text += event.text
+        c.token_ids += event.token_ids
+        if event.logprobs is not None:
+            c.logprobs += event.logprobs
+        if event.finish_reason is not None:
+            c.finish_reason = event.finish_reason
+        if len(c.text) <= c.shown_chars and len(c.token_ids) <= c.shown_tokens:
+            return None
+        piece = Piece(text=c.text[c.shown_chars:], token_ids=c.token_ids[c.shown_tokens:],
+                      logprobs=c.logprobs[c.shown_tokens:] if c.logprobs else None, index=c.index)
+        c.shown_chars, c.shown_tokens = max(c.shown_chars, len(c.text)), max(c.shown_tokens, len(c.token_ids))
+        return piece
 
     def _unshown(self) -> Optional[Piece]:
         if len(self.text) <= self.shown_chars and len(self.token_ids) <= self.shown_tokens:

@@ -29,6 +29,12 @@ class RequestDelta:
     # With the request's first delta, when it asked for prompt_logprobs: one entry
     # per prompt token (None for the first), top-N plus the actual token.
     prompt_logprobs: Optional[list[Optional[dict[int, float]]]] = None
+    # Set by the worker for jobs with several choices (gpuworker/service/choices.py):
+    # which choice this is, that choice's end (while others may go on), and with the
+    # job's final delta every choice's end.
+    index: int = 0
+    choice_end: Optional[str] = None
+    choices: Optional[list] = None
 
 
 @dataclass

@@ -19,6 +19,7 @@ from typing import Callable, Optional
 from schemas import keys
 
 from gpuworker.engine.outputs import RequestDelta
+from gpuworker.service.choices import ChoiceGroup, choice_params, choice_request_id
 from gpuworker.service.messages import AbortJob, AddJob, Dropped, DropJob, Failed, Rejected, StepOutput
 from gpuworker.service.state import InFlight, JobState
 
@@ -47,7 +48,8 @@ class EngineLoop(threading.Thread):
         self.rebuild = rebuild
         self.drain_until: Optional[float] = None  # set by the worker on shutdown
         self.error: Optional[BaseException] = None
-        self._in_engine: set[str] = set()
+        # Job id -> its engine requests (one per choice, see service/choices.py).
+        self._in_engine: dict[str, ChoiceGroup] = {}
         self._probation: deque = deque()  # suspects waiting for their probe
         self._probing: Optional[JobState] = None
         self._held: deque = deque()  # new jobs waiting for the probes to end
@@ -108,10 +110,9 @@ class EngineLoop(threading.Thread):
     def _on_abort(self, cmd: AbortJob) -> None:
         job_id, reason = cmd.job_id, cmd.reason
         if job_id in self._in_engine:
-            d = self.engine.abort(job_id, reason=reason)
-            if d is not None:
-                self._in_engine.discard(job_id)
-                self.out.put(StepOutput([d], self.engine.stats(), time.time(), 0.0))
+            deltas = self._abort_group(job_id, reason)
+            if deltas:
+                self.out.put(StepOutput(deltas, self.engine.stats(), time.time(), 0.0))
             self._verify("abort")
         elif self._unqueue(job_id) is not None:  # still waiting: finish it without the engine
             self.out.put(StepOutput([RequestDelta(job_id, [], "", finished=True, finish_reason=reason)],
@@ -120,8 +121,7 @@ class EngineLoop(threading.Thread):
     def _on_drop(self, cmd: DropJob) -> None:
         job_id = cmd.job_id
         if job_id in self._in_engine:
-            self.engine.abort(job_id)
-            self._in_engine.discard(job_id)
+            self._abort_group(job_id)
         self._unqueue(job_id)
         self.out.put(Dropped([job_id]))
 
@@ -133,20 +133,54 @@ class EngineLoop(threading.Thread):
                     return st
         return None
 
+    def _abort_group(self, job_id: str, reason: str = "abort") -> list:
+        """Abort every choice of a job; the job-level deltas that say so."""
+        g = self._in_engine.get(job_id)
+        if g is None:
+            return []
+        out = []
+        for rid in sorted(g.live):
+            d = self.engine.abort(rid, reason=reason)
+            g.live.discard(rid)
+            if d is not None:
+                out.append(g.translate(d))
+        out += g.end_waiting(reason)
+        self._in_engine.pop(job_id, None)
+        return out
+
     def _add(self, st: JobState) -> bool:
-        if st.id in self._in_engine:  # the same job handed to us again: restart it
-            self.engine.abort(st.id)
+        if st.id in self._in_engine:  # the same job handed to us again: restart it (every choice)
+            self._abort_group(st.id)
+        g = ChoiceGroup(st.id, st.job.sampling.n)
+        self._in_engine[st.id] = g
+        return self._add_choice(st, g, 0)
+
+    def _add_choice(self, st: JobState, g: ChoiceGroup, index: int) -> bool:
         job = st.job
+        rid = choice_request_id(st.id, index)
         try:
-            self.engine.add_request(st.id, st.prompt_ids, job.sampling, priority=engine_priority(job),
-                                    deadline=job.deadline, arrival_time=st.created,
+            self.engine.add_request(rid, st.prompt_ids, choice_params(job.sampling, index),
+                                    priority=engine_priority(job), deadline=job.deadline, arrival_time=st.created,
                                     matcher=None if st.matcher is None else st.matcher.deep_copy())
         except ValueError as e:
-            self._in_engine.discard(st.id)
+            self._abort_group(st.id)
             self.out.put(Rejected(st, "invalid_request", str(e)))
             return False
-        self._in_engine.add(st.id)
+        g.live.add(rid)
         return True
+
+    def _add_siblings(self, deltas: list) -> None:
+        """Choices 1..n-1 join once choice 0 has a token: its prompt's full blocks
+        are computed and cached by then, so they share them (prefix cache)."""
+        for d in deltas:
+            g = self._in_engine.get(d.request_id)
+            if g is None or not g.waiting or d.index != 0 or not (d.new_token_ids or d.finished):
+                continue
+            st = self.inflight.get(g.job_id)
+            waiting, g.waiting = g.waiting, []
+            for i in waiting:
+                if st is None or not self._add_choice(st, g, i):
+                    break
 
     def _advance_probation(self) -> None:
         """Start the next probe, or let held jobs in once probation is over."""
@@ -173,9 +207,8 @@ class EngineLoop(threading.Thread):
             self._on_fault(e)
             return
         dt = time.perf_counter() - t0
-        for d in deltas:
-            if d.finished:
-                self._in_engine.discard(d.request_id)
+        deltas = self._to_job_deltas(deltas)
+        self._add_siblings(deltas)
         p = self._probing
         if p is not None and (p.id not in self._in_engine
                               or any(d.request_id == p.id and d.new_token_ids for d in deltas)):
@@ -185,6 +218,20 @@ class EngineLoop(threading.Thread):
             time.sleep(self.step_pace_s)
         if not self.engine.has_unfinished():
             self._verify("idle")
+
+    def _to_job_deltas(self, deltas: list) -> list:
+        out = []
+        for d in deltas:
+            job_id = d.request_id.rsplit("#", 1)[0] if d.request_id not in self._in_engine else d.request_id
+            g = self._in_engine.get(job_id)
+            if g is None:
+                out.append(d)
+                continue
+            d = g.translate(d)
+            if d.finished:
+                self._in_engine.pop(job_id, None)
+            out.append(d)
+        return out
 
     def _verify(self, when: str) -> None:
         if not self.check_invariants:
@@ -198,11 +245,12 @@ class EngineLoop(threading.Thread):
     def _on_fault(self, e: Exception) -> None:
         ids = list(self._in_engine)
         self.log.error("engine_step_failed", error=repr(e), jobs=len(ids), exc_info=True)
-        for rid in ids:
-            try:
-                self.engine.abort(rid)
-            except Exception:
-                pass
+        for g in self._in_engine.values():
+            for rid in g.live:
+                try:
+                    self.engine.abort(rid)
+                except Exception:
+                    pass
         self._in_engine.clear()
         try:
             self.engine.check_invariants()
@@ -218,8 +266,8 @@ class EngineLoop(threading.Thread):
 
     def _drop_all(self) -> None:
         ids = list(self._in_engine)
-        for rid in ids:
-            self.engine.abort(rid)
+        for job_id in ids:
+            self._abort_group(job_id)
         self._in_engine.clear()
         ids += [st.id for st in list(self._probation) + list(self._held)]
         self._probation.clear()

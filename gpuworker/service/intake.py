@@ -267,10 +267,6 @@ class Intake(threading.Thread):
             if job.deadline is not None and job.deadline <= now:
                 self._finish_early(b, st, "deadline")
                 continue
-            if job.sampling.n != 1:
-                self._reject(b, lane, entry_id, raw, job.id, attempt, "unsupported",
-                             "n > 1 is not supported on the job queue: submit one job per sample")
-                continue
             try:
                 st.prompt_ids = self.prompts.token_ids(job)
             except PromptError as e:

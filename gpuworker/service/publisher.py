@@ -119,7 +119,7 @@ class Publisher(threading.Thread):
                 continue
             if d.new_token_ids:
                 self._observe_token(st, item.t)
-            if d.new_text or d.new_token_ids:
+            if d.new_text or d.new_token_ids or d.choice_end:
                 self._add_delta(rnd, st, d)
             if d.finished:
                 self._write_pending(rnd, st.id)
@@ -161,6 +161,11 @@ class Publisher(threading.Thread):
         st.last_token_at = t
 
     def _add_delta(self, rnd: _Round, st: JobState, d) -> None:
+        if st.job.sampling.n > 1:  # several choices: each delta names its choice (never merged)
+            replies.add_delta(rnd.b, self.ctx, st, d.new_text, d.new_token_ids, d.logprobs, d.prompt_logprobs,
+                              index=d.index, finish_reason=d.choice_end)
+            rnd.n_events += 1
+            return
         if not self.coalesce:
             replies.add_delta(rnd.b, self.ctx, st, d.new_text, d.new_token_ids, d.logprobs, d.prompt_logprobs)
             rnd.n_events += 1
@@ -182,7 +187,8 @@ class Publisher(threading.Thread):
     def _finish(self, rnd: _Round, st: JobState, d, t: float) -> None:
         usage = Usage(prompt_tokens=d.num_prompt_tokens, completion_tokens=d.num_output_tokens,
                       cached_tokens=d.num_cached_tokens)
-        rnd.fenced.append((st, "finish", replies.finish(rnd.b, self.ctx, st, d.finish_reason, usage, now=t)))
+        rnd.fenced.append((st, "finish", replies.finish(rnd.b, self.ctx, st, d.finish_reason, usage, now=t,
+                                                                 choices=d.choices)))
         rnd.n_events += 1
         rnd.finished.append(st)
         self.metrics.finished(d.finish_reason)

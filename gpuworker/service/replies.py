@@ -9,6 +9,7 @@ from typing import Optional
 
 from schemas import DoneEvent, ErrorEvent, RestartedEvent, StartedEvent, Timings, Usage, encode_event, keys, records
 from schemas import transitions
+from schemas.events import ChoiceEnd
 from schemas.queues import Lane
 
 from gpuworker.service.batch import Batch
@@ -20,17 +21,21 @@ def reply_cap(ctx: WorkerContext, st: JobState) -> int:
     """MAXLEN of a job's reply stream: never below what its attempts can write
     (one delta per token plus started/restarted/done, per attempt), so nothing
     a reader still needs is trimmed; the client sees a ``seq`` gap otherwise."""
-    per_attempt = st.job.sampling.max_tokens + 4
+    per_attempt = (st.job.sampling.max_tokens + 1) * st.job.sampling.n + 4
     return max(ctx.reply_maxlen, per_attempt * (ctx.max_deliveries + 1) + 1)
 
 
 def add_delta(b: Batch, ctx: WorkerContext, st: JobState, text: str, token_ids: list, logprobs,
-              prompt_logprobs=None) -> None:
+              prompt_logprobs=None, index: int = 0, finish_reason: Optional[str] = None) -> None:
     """The hot path: the same fields ``encode_event(DeltaEvent(...))`` writes,
     serialised without building a pydantic model per token. Deltas are not
     fenced: readers drop events of attempts they have left behind."""
     lps = None if logprobs is None else [{str(k): v for k, v in d.items()} for d in logprobs]
     body = {"attempt": st.attempt, "seq": st.next_seq(), "text": text, "token_ids": list(token_ids), "logprobs": lps}
+    if index:
+        body["index"] = index
+    if finish_reason is not None:  # a choice of a several-choice job ends here
+        body["finish_reason"] = finish_reason
     if prompt_logprobs is not None:  # once per attempt, with its first delta
         body["prompt_token_ids"] = list(st.prompt_ids)
         body["prompt_logprobs"] = [None if d is None else {str(k): v for k, v in d.items()} for d in prompt_logprobs]
@@ -51,7 +56,8 @@ def start(b: Batch, ctx: WorkerContext, st: JobState) -> int:
                              reply_maxlen=reply_cap(ctx, st))
 
 
-def finish(b: Batch, ctx: WorkerContext, st: JobState, reason: str, usage: Usage, now: Optional[float] = None) -> int:
+def finish(b: Batch, ctx: WorkerContext, st: JobState, reason: str, usage: Usage, now: Optional[float] = None,
+           choices: Optional[list] = None) -> int:
     """``done`` event, final status, then ack + delete the job entry."""
     now = time.time() if now is None else now
     created = st.created
@@ -62,6 +68,10 @@ def finish(b: Batch, ctx: WorkerContext, st: JobState, reason: str, usage: Usage
             ttft=None if st.first_token_at is None else max(0.0, st.first_token_at - created),
             total=max(0.0, now - created),
         ),
+        choices=None if choices is None else [
+            ChoiceEnd(index=c.index, finish_reason=c.finish_reason, completion_tokens=c.completion_tokens,
+                      stop_reason=c.stop_reason if isinstance(c.stop_reason, (str, int)) else None)
+            for c in choices],
     )
     status = records.CANCELLED if (reason == "abort" and st.cancel_requested) else records.DONE
     fields = {**records.info_done(status, reason, usage.prompt_tokens, usage.completion_tokens),

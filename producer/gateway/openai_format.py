@@ -106,21 +106,25 @@ def completion_response(job_id: str, model: str, asm: Assembly, prefix: str, log
     }
     if prompt_logprobs_n is not None:
         choice["prompt_logprobs"] = prompt_logprobs_body(asm, prompt_logprobs_n)
+    choices = [choice]
+    for c in asm.choices()[1:]:  # n > 1: the other choices, each with its own index
+        lps = completion_logprobs(c.token_ids, c.logprobs if logprobs_n is not None else None, logprobs_n or 0, len(prefix))
+        choices.append({"index": c.index, "text": prefix + c.text, "logprobs": lps, "finish_reason": c.finish_reason})
     return {
         "id": f"cmpl-{job_id}",
         "object": "text_completion",
         "created": int(time.time()),
         "model": model,
-        "choices": [choice],
+        "choices": choices,
         "usage": usage_body(asm.usage),
     }
 
 
 def completion_chunk(job_id: str, model: str, created: int, text: str, finish_reason: Optional[str] = None,
-                     logprobs: Optional[dict] = None, include_usage: bool = False) -> dict:
+                     logprobs: Optional[dict] = None, include_usage: bool = False, index: int = 0) -> dict:
     chunk = {
         "id": f"cmpl-{job_id}", "object": "text_completion", "created": created, "model": model,
-        "choices": [{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}],
+        "choices": [{"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}],
     }
     if include_usage:
         chunk["usage"] = None
@@ -154,20 +158,20 @@ def chat_response(job_id: str, model: str, asm: Assembly, logprobs_n: Optional[i
         "created": int(time.time()),
         "model": model,
         "choices": [{
-            "index": 0,
-            "message": {"role": "assistant", "content": asm.text},
-            "logprobs": chat_logprobs(asm.token_ids, asm.logprobs, logprobs_n or 0) if logprobs_n is not None else None,
-            "finish_reason": asm.finish_reason,
-        }],
+            "index": c.index,
+            "message": {"role": "assistant", "content": c.text},
+            "logprobs": chat_logprobs(c.token_ids, c.logprobs, logprobs_n or 0) if logprobs_n is not None else None,
+            "finish_reason": c.finish_reason,
+        } for c in asm.choices()],
         "usage": usage_body(asm.usage),
     }
 
 
 def chat_chunk(job_id: str, model: str, created: int, delta: dict, finish_reason: Optional[str] = None,
-               logprobs: Optional[dict] = None, include_usage: bool = False) -> dict:
+               logprobs: Optional[dict] = None, include_usage: bool = False, index: int = 0) -> dict:
     chunk = {
         "id": f"chatcmpl-{job_id}", "object": "chat.completion.chunk", "created": created, "model": model,
-        "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}],
+        "choices": [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}],
     }
     if include_usage:
         chunk["usage"] = None

@@ -82,6 +82,8 @@ async def prepare_chat(ctx: Context, req: ChatCompletionRequest, resolve: Resolv
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     sampling = build_sampling(req, ctx.settings, max_tokens, logprobs_n, req.prompt_logprobs)
     tools = plan_tools(req.tools, req.tool_choice, req.parallel_tool_calls, ctx.settings.tool_parser)
+    if tools is not None and req.n > 1:
+        raise bad_request("n > 1 with tools is not supported: send one request per choice", param="n")
     if tools is not None:
         sampling = tools.sampling(sampling)
     model = await resolve(req.model)

@@ -40,7 +40,7 @@ async def completions(req: CompletionRequest, request: Request, principal: Princ
     if req.stream:
         return StreamingResponse(_stream(ctx, "completions", job_id, p.model, req.include_usage, req.logprobs,
                                          p.prefix, echo_logprobs=p.echo_logprobs,
-                                         prompt_logprobs_n=req.prompt_logprobs),
+                                         prompt_logprobs_n=req.prompt_logprobs, n=req.n),
                                  media_type="text/event-stream", headers={**sse.SSE_HEADERS, **_job_headers(job_id)})
     asm = await wait_for_result(ctx, request, job_id)
     raise_for_error(asm, job_id)
@@ -57,7 +57,7 @@ async def chat_completions(req: ChatCompletionRequest, request: Request, princip
     if req.stream:
         return StreamingResponse(_stream(ctx, "chat", job_id, p.model, req.include_usage, p.logprobs_n, "",
                                          prompt_logprobs_n=req.prompt_logprobs,
-                                         tools=p.tools.deltas() if p.tools else None),
+                                         tools=p.tools.deltas() if p.tools else None, n=req.n),
                                  media_type="text/event-stream", headers={**sse.SSE_HEADERS, **_job_headers(job_id)})
     asm = await wait_for_result(ctx, request, job_id)
     raise_for_error(asm, job_id)
@@ -72,10 +72,11 @@ def _json(body: dict, job_id: str):
 
 async def _stream(ctx: Context, kind: str, job_id: str, model: str, include_usage: bool,
                   logprobs_n: Optional[int], prefix: str, echo_logprobs: bool = False,
-                  prompt_logprobs_n: Optional[int] = None, tools: Optional[ToolDeltas] = None):
-    """SSE body in OpenAI's chunk format. With ``tools`` (chat with tools) the
-    tool-call parser decides which text is content and which is a call. If the client disconnects, Starlette
-    cancels this generator and the ``finally`` cancels the job."""
+                  prompt_logprobs_n: Optional[int] = None, tools: Optional[ToolDeltas] = None, n: int = 1):
+    """SSE body in OpenAI's chunk format. With ``tools`` (chat with tools, one choice)
+    the tool-call parser decides which text is content and which is a call. With ``n`` > 1
+    the choices' chunks are interleaved as they come, each naming its ``index``. If the
+    client disconnects, Starlette cancels this generator and the ``finally`` cancels the job."""
     created = int(time.time())
     asm = Assembly()
     started = time.monotonic()
@@ -83,12 +84,15 @@ async def _stream(ctx: Context, kind: str, job_id: str, model: str, include_usag
     last_sent = time.monotonic()
     ctx.metrics.active_streams.inc()
     try:
-        if kind == "chat":
-            yield sse.data(fmt.chat_chunk(job_id, model, created, {"role": "assistant", "content": ""},
-                                          include_usage=include_usage))
-        elif prefix and not echo_logprobs:
-            yield sse.data(fmt.completion_chunk(job_id, model, created, prefix, include_usage=include_usage))
+        for i in range(n):
+            if kind == "chat":
+                yield sse.data(fmt.chat_chunk(job_id, model, created, {"role": "assistant", "content": ""},
+                                              include_usage=include_usage, index=i))
+            elif prefix and not echo_logprobs:
+                yield sse.data(fmt.completion_chunk(job_id, model, created, prefix, include_usage=include_usage,
+                                                    index=i))
         offset = len(prefix)
+        other_offsets = {i: len(prefix) for i in range(1, n)}  # choices 1..n-1 (text offsets of logprobs)
         prompt_sent = plp_sent = False
         # The chunk of a token without logprobs, encoded around its text (one per token).
         if kind == "chat":
@@ -125,6 +129,15 @@ async def _stream(ctx: Context, kind: str, job_id: str, model: str, include_usag
             if first_token_at is None:
                 first_token_at = time.monotonic()
                 ctx.metrics.ttft.observe(first_token_at - started)
+            if piece.index:  # another choice of an n > 1 request
+                lp = fmt.piece_logprobs(piece, kind, logprobs_n, other_offsets.get(piece.index, 0))
+                other_offsets[piece.index] = other_offsets.get(piece.index, 0) + len(piece.text)
+                last_sent = time.monotonic()
+                yield sse.data(fmt.chat_chunk(job_id, model, created, {"content": piece.text}, logprobs=lp,
+                                              include_usage=include_usage, index=piece.index) if kind == "chat" else
+                               fmt.completion_chunk(job_id, model, created, piece.text, logprobs=lp,
+                                                    include_usage=include_usage, index=piece.index))
+                continue
             if echo_logprobs and not prompt_sent:
                 # The first delta carries the prompt's logprobs: the echoed prompt goes out with them.
                 prompt_sent = True
@@ -173,17 +186,20 @@ async def _stream(ctx: Context, kind: str, job_id: str, model: str, include_usag
             except APIError as e:
                 yield sse.data(e.body())
         else:
-            finish_reason = asm.finish_reason
-            if tools is not None:
+            if tools is not None:  # tools answer with one choice (n > 1 with tools is a 400)
                 for delta in tools.finish():
                     yield sse.data(fmt.chat_chunk(job_id, model, created, delta, include_usage=include_usage))
-                finish_reason = tools.finish_reason(finish_reason)
-            if kind == "chat":
-                yield sse.data(fmt.chat_chunk(job_id, model, created, {}, finish_reason=finish_reason,
+                yield sse.data(fmt.chat_chunk(job_id, model, created, {}, finish_reason=tools.finish_reason(asm.finish_reason),
                                               include_usage=include_usage))
             else:
-                yield sse.data(fmt.completion_chunk(job_id, model, created, "", finish_reason=asm.finish_reason,
-                                                    include_usage=include_usage))
+                for c in asm.choices() if n > 1 else [None]:
+                    index, reason = (0, asm.finish_reason) if c is None else (c.index, c.finish_reason)
+                    if kind == "chat":
+                        yield sse.data(fmt.chat_chunk(job_id, model, created, {}, finish_reason=reason,
+                                                      include_usage=include_usage, index=index))
+                    else:
+                        yield sse.data(fmt.completion_chunk(job_id, model, created, "", finish_reason=reason,
+                                                            include_usage=include_usage, index=index))
             if include_usage:
                 usage = (fmt.chat_usage_chunk if kind == "chat" else fmt.completion_usage_chunk)(
                     job_id, model, created, asm.usage)

@@ -12,6 +12,7 @@ from typing import Any, Literal, Optional, Union
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from schemas import SamplingParams
+from schemas.sampling import MAX_N
 from producer.gateway.config import GatewaySettings
 from producer.gateway.errors import bad_request
 from producer.gateway.openai_structured import StructuredFields
@@ -61,9 +62,9 @@ class _Common(StructuredFields):
 
     @field_validator("n")
     @classmethod
-    def _one_choice(cls, v: int) -> int:
-        if v != 1:
-            raise ValueError("only n=1 is supported; send several requests for several choices")
+    def _n_in_range(cls, v: int) -> int:
+        if v > MAX_N:
+            raise ValueError(f"n={v} exceeds the limit of {MAX_N} choices per request")
         return v
 
     @property
@@ -165,6 +166,7 @@ def build_sampling(req: _Common, settings: GatewaySettings, max_tokens: Optional
         raise bad_request(f"max_tokens={max_tokens} exceeds this gateway's cap of {settings.max_tokens_cap}",
                           param="max_tokens")
     fields = req.sampling_fields()
+    fields["n"] = req.n
     fields.update(req.shaping_fields())  # constraint (compiled here: a 400 if it cannot be), logit_bias, min_tokens
     fields["max_tokens"] = max_tokens if max_tokens is not None else min(settings.default_max_tokens, settings.max_tokens_cap)
     if logprobs is not None:

@@ -75,7 +75,7 @@ def test_max_tokens_past_the_cap(gw, sdk):
 
 def test_huge_n_and_logprobs(gw, sdk):
     err = error_of(httpx.post(f"{gw}/v1/completions", json={"model": MODEL, "prompt": "a", "n": 10**6}, timeout=10), 400)
-    assert "only n=1 is supported" in err["message"]
+    assert "n=1000000 exceeds the limit of 16 choices" in err["message"]
     err = error_of(httpx.post(f"{gw}/v1/completions", json={"model": MODEL, "prompt": "a", "logprobs": 10**6},
                               timeout=10), 400)
     assert err["param"] == "logprobs" and "less than or equal to 20" in err["message"]
@@ -86,9 +86,9 @@ def test_huge_n_and_logprobs(gw, sdk):
         sdk.submit("a", sampling={"n": 10**6})
     with pytest.raises(ValidationError, match="less than or equal to 20"):
         sdk.submit("a", sampling={"logprobs": 10**6})
-    with pytest.raises(JobFailed) as e:  # a valid n the queue cannot serve
-        sdk.submit("a", sampling={"n": 2, "temperature": 1.0, "max_tokens": 1}).result(timeout=60)
-    assert e.value.code == "unsupported" and "n > 1 is not supported" in e.value.message
+    # A valid n is served: one job, every choice.
+    res = sdk.submit("a", sampling={"n": 2, "temperature": 1.0, "max_tokens": 1}).result(timeout=60)
+    assert [c.index for c in res.choices] == [0, 1] and res.usage.completion_tokens == 2
 
 
 def test_invalid_utf8(gw, r):
