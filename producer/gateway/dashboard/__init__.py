@@ -7,6 +7,7 @@ from fastapi import APIRouter
 
 from producer.gateway.dashboard import batch_views, dlq_views, job_view, pages, queue_views
 
+PARTS = (pages, queue_views, job_view, dlq_views, batch_views)
 router = APIRouter(tags=["dashboard"])
-for _part in (pages, queue_views, job_view, dlq_views, batch_views):
+for _part in PARTS:
     router.include_router(_part.router)
