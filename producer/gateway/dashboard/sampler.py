@@ -195,7 +195,10 @@ class Sampler:
                 entry["doctor"] = report.as_dict()
             out[w.worker or url] = entry
         for url, why in cur.errors.items():
-            out.setdefault(url, {"metrics_url": url, "error": why})
+            # Name it after the worker it last answered for (a killed worker keeps its row).
+            known = next((s.workers[url] for s in reversed(snaps) if url in s.workers), None)
+            name = known.worker if known is not None and known.worker else url
+            out.setdefault(name, {"metrics_url": url, "model": known.model if known else None, "error": why})
         return out
 
 
