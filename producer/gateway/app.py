@@ -15,12 +15,14 @@ from producer.gateway.backend import Backend
 from producer.gateway.batch_driver import BatchManager
 from producer.gateway.batch_store import BatchStore
 from producer.gateway.files_store import FilesStore
-from producer.gateway.config import GatewaySettings, check_exposure, parse_api_keys
+from producer.gateway.config import (GatewaySettings, check_exposure, parse_api_keys, parse_dashboard_keys,
+                                     worker_metrics_urls)
 from producer.gateway.errors import install_error_handlers
 from producer.gateway.limits import BodySizeLimit
 from producer.gateway.readers import ReaderLimit
 from producer.gateway.metrics import GatewayMetrics, RequestMetrics
 from producer.gateway.runner import Context
+from producer.gateway.dashboard.sampler import Sampler
 
 
 @dataclass
@@ -49,14 +51,20 @@ def create_app(settings: Optional[GatewaySettings] = None,
         manager = BatchManager(app.state.ctx, files, store)
         app.state.batch = BatchService(files, store, manager)
         manager.start()  # resumes the batches no live gateway is driving
+        # Samples only while someone watches the dashboard (dashboard/sampler.py).
+        app.state.dashboard_sampler = Sampler(app.state.ctx, worker_metrics_urls(settings),
+                                              settings.dashboard_sample_s, settings.dashboard_window_s)
+        app.state.dashboard_sampler.start()
         try:
             yield
         finally:
+            await app.state.dashboard_sampler.stop()
             await manager.stop()
             await backend.close()
 
     app = FastAPI(title="inferq gateway", version="0.1.0", lifespan=lifespan)
     app.state.api_keys = parse_api_keys(settings)
+    app.state.dashboard_keys = parse_dashboard_keys(settings)
     check_exposure(settings, app.state.api_keys)
     install_error_handlers(app)
     app.include_router(openai_routes.router)
@@ -64,6 +72,10 @@ def create_app(settings: Optional[GatewaySettings] = None,
     app.include_router(files_routes.router)
     app.include_router(batch_routes.router)
     app.include_router(health_routes.router)
+    if settings.dashboard:
+        from producer.gateway import dashboard
+
+        app.include_router(dashboard.router)
     if not settings.metrics_port:
         app.include_router(health_routes.metrics_router)
     # The last added is the outermost: metrics see every response, 413s included.

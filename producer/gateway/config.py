@@ -66,6 +66,17 @@ class GatewaySettings(BaseSettings):
     batch_cancel_grace_s: float = Field(120.0, gt=0)
     # Seconds between scans for batches no live gateway is driving (resume after a restart).
     batch_scan_s: float = Field(2.0, gt=0)
+    # -- operator dashboard (docs/dashboard.md) --
+    dashboard: bool = Field(True, description="Serve /dashboard and its JSON API.")
+    # Operator (admin) keys, same format as api_keys without tenants: they see every
+    # model, worker, DLQ entry, job and batch. Required when the gateway is exposed.
+    dashboard_keys: str = ""
+    dashboard_keys_file: Optional[str] = None
+    # Worker /metrics URLs (comma-separated) the dashboard samples for throughput,
+    # TTFT, KV usage, preemptions and the doctor's binding limit.
+    dashboard_worker_metrics: str = ""
+    dashboard_sample_s: float = Field(2.0, gt=0, description="Seconds between dashboard samples.")
+    dashboard_window_s: float = Field(300.0, gt=0, description="How far back the dashboard's charts reach.")
 
 
 @dataclass(frozen=True)
@@ -115,3 +126,28 @@ def check_exposure(settings: GatewaySettings, keys: dict[str, Principal]) -> Non
 
 def allowed_models(settings: GatewaySettings) -> list[str]:
     return [m.strip() for m in settings.models.split(",") if m.strip()]
+
+
+def parse_dashboard_keys(settings: GatewaySettings) -> frozenset[str]:
+    """Operator keys (no tenants: an operator sees every tenant)."""
+    entries = settings.dashboard_keys.split(",")
+    if settings.dashboard_keys_file:
+        entries += Path(settings.dashboard_keys_file).read_text().splitlines()
+    out = set()
+    for raw in entries:
+        raw = raw.strip()
+        if not raw or raw.startswith("#"):
+            continue
+        if ":" in raw:
+            raise ValueError("a dashboard key has no tenant (an operator sees every tenant): drop the ':tenant' part")
+        out.add(raw)
+    return frozenset(out)
+
+
+def is_exposed(settings: GatewaySettings) -> bool:
+    """Whether other machines can reach the gateway."""
+    return not _loopback(settings.published_on or settings.host)
+
+
+def worker_metrics_urls(settings: GatewaySettings) -> list[str]:
+    return [u.strip() for u in settings.dashboard_worker_metrics.split(",") if u.strip()]
