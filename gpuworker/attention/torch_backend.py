@@ -194,9 +194,8 @@ class TorchAttentionBackend(AttentionBackend):
     def _use_native(self, meta: AttentionMetadata, num_heads: int, groups: int, dtype, device) -> bool:
         if self.native_decode is False or device.type != "cpu" or dtype not in (torch.float32, torch.bfloat16):
             return False
-        if (torch.get_num_threads() != 1 or groups > 16 or meta.block_tables.dtype != torch.int32
-                or not meta.block_tables.is_contiguous()):
-            return False  # the kernel is single-threaded; SDPA uses the threads
+        if groups > 16 or meta.block_tables.dtype != torch.int32 or not meta.block_tables.is_contiguous():
+            return False
         if self._native_kernel is None:
             from gpuworker.attention import cpu_kernels
 
@@ -271,7 +270,9 @@ class TorchAttentionBackend(AttentionBackend):
         qn = q if q.dtype == dt and q.stride(2) == 1 and q.stride(1) == head_dim else q.to(dt).contiguous()
         direct = out.dtype == dt and out.stride(2) == 1 and out.stride(1) == head_dim
         on = out if direct else torch.empty(q.shape, dtype=dt)
-        need = (num_heads // num_kv_heads) * nd.max_len
+        kern = self._native_kernel
+        kern.sync()  # each thread takes its own (group x max_len) slice of the scores
+        need = (num_heads // num_kv_heads) * nd.max_len * max(1, kern.lib.threads)
         if self._scratch is None or self._scratch.numel() < need:
             self._scratch = torch.empty(max(need, 4096), dtype=torch.float32)
         assert key_cache.is_contiguous() and value_cache.is_contiguous()

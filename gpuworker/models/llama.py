@@ -57,12 +57,12 @@ def add_rms_norm(residual: torch.Tensor, hidden: torch.Tensor | None, weight: to
                  kernels=None) -> tuple[torch.Tensor, torch.Tensor]:
     """``residual += hidden`` in place (``hidden`` None: no add), then ``rms_norm`` of it;
     returns (normed, residual). With ``kernels`` (gpuworker.attention.cpu_kernels, CPU
-    float32/bfloat16, one torch thread) both run in one C pass with the same roundings
+    float32/bfloat16, torch's thread count) both run in one C pass with the same roundings
     (only the order of the fp32 sum of squares differs)."""
     dt = residual.dtype
     if (kernels is not None and dt in (torch.float32, torch.bfloat16) and residual.dim() == 2
-            and residual.is_contiguous() and (hidden is None or hidden.is_contiguous())
-            and torch.get_num_threads() == 1):
+            and residual.is_contiguous() and (hidden is None or hidden.is_contiguous())):
+        kernels.sync()
         out = torch.empty_like(residual)
         rc = kernels.add_rms_norm[dt](
             residual.data_ptr(), None if hidden is None else hidden.data_ptr(), weight.data_ptr(), out.data_ptr(),
@@ -76,13 +76,14 @@ def add_rms_norm(residual: torch.Tensor, hidden: torch.Tensor | None, weight: to
 
 def silu_and_mul(gate_up: torch.Tensor, kernels=None) -> torch.Tensor:
     """``F.silu(gate) * up`` of a fused ``[T, 2I]`` projection. With ``kernels``
-    (gpuworker.attention.cpu_kernels, CPU float32/bfloat16, one torch thread) one C pass
+    (gpuworker.attention.cpu_kernels, CPU float32/bfloat16, torch's thread count) one C pass
     with torch's two roundings instead of three passes over a strided half (the silu
     itself within an ulp or two of torch's)."""
     n = gate_up.shape[-1] // 2
     dt = gate_up.dtype
     if (kernels is not None and dt in (torch.float32, torch.bfloat16) and gate_up.dim() == 2
-            and gate_up.stride(1) == 1 and torch.get_num_threads() == 1):
+            and gate_up.stride(1) == 1):
+        kernels.sync()
         out = torch.empty(gate_up.shape[0], n, dtype=dt)
         kernels.silu_mul[dt](
             gate_up.data_ptr(), gate_up.stride(0), n, out.data_ptr(), gate_up.shape[0])
@@ -136,13 +137,13 @@ class RotaryEmbedding(nn.Module):
 def rotate_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
               kernels=None) -> tuple[torch.Tensor, torch.Tensor]:
     """``_rotate`` of q and k. With ``kernels`` (gpuworker.attention.cpu_kernels, CPU
-    float32/bfloat16, one torch thread) one C call does both with the same roundings
+    float32/bfloat16, torch's thread count) one C call does both with the same roundings
     (bit-identical: elementwise, no sums); outputs are new contiguous tensors."""
     dt = q.dtype
     if (kernels is not None and dt in (torch.float32, torch.bfloat16) and k.dtype == dt and cos.dtype == dt
             and sin.dtype == dt and q.stride(2) == 1 and k.stride(2) == 1 and q.stride(1) == q.shape[2]
-            and k.stride(1) == k.shape[2] and cos.is_contiguous() and sin.is_contiguous()
-            and torch.get_num_threads() == 1):
+            and k.stride(1) == k.shape[2] and cos.is_contiguous() and sin.is_contiguous()):
+        kernels.sync()
         rows, hq, d = q.shape
         qo = torch.empty(q.shape, dtype=dt)
         ko = torch.empty(k.shape, dtype=dt)
@@ -299,8 +300,8 @@ class LlamaForCausalLM(nn.Module):
           matmul weights) oneDNN's packing too, at the cost of another copy. The
           AVX512-BF16 kernel takes every batch size (it matches oneDNN on prompts), and
           so does the AVX-512 fp32 one off Intel (MKL's generic path is slow there).
-          Needs AVX-512 or AVX2+FMA (AMX or AVX512-BF16 for bf16), torch on one
-          thread, ``kernels``.
+          Needs AVX-512 or AVX2+FMA (AMX or AVX512-BF16 for bf16) and
+          ``kernels``.
         * "onednn" (bfloat16 elsewhere): oneDNN's blocked layout. Plain ``F.linear``
           re-lays the weight out on every call; prepacked it runs 1.5-2.5x faster at
           decode-sized batches here, with bit-identical results.
@@ -312,7 +313,7 @@ class LlamaForCausalLM(nn.Module):
         weights = lambda l: {"qkv": l.qkv_proj, "o": l.o_proj, "gate_up": l.gate_up_proj,  # noqa: E731
                              "down": l.down_proj}
         bf16 = self.dtype == torch.bfloat16
-        lib = cpu_linear.load() if kernels and torch.get_num_threads() == 1 else None
+        lib = cpu_linear.load() if kernels else None
         if lib is not None and all(cpu_linear.can_pack(lib, w) for l in self.layers for w in weights(l).values()):
             # Mixed steps (a prompt chunk + decodes, 33-2,048 rows) run ~1.2x faster on
             # oneDNN's packing than on F.linear: small bf16 models on AMX keep both.

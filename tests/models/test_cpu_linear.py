@@ -121,9 +121,9 @@ def test_larger_batches_and_other_shapes_stay_on_torch(lib):
     with pytest.raises(ValueError, match="multiples of 32"):
         cpu_linear.PackedWeight(lib, torch.randn(40, 64))
     before = torch.get_num_threads()
-    torch.set_num_threads(2)  # the kernels are single-threaded: torch's threads win there
+    torch.set_num_threads(2)  # the kernels run on torch's threads (OpenMP) or on one: either way they apply
     try:
-        assert not packed.applies(torch.randn(4, 64))
+        assert packed.applies(torch.randn(4, 64))
     finally:
         torch.set_num_threads(before)
 

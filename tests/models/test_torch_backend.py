@@ -169,7 +169,7 @@ def test_plan_is_reused_across_layers_of_one_step():
 # ---------------------------------------------------------------- the C decode kernel
 @pytest.fixture
 def one_thread():
-    """The C kernel is taken only while torch runs one thread (it is single-threaded)."""
+    """One torch thread (the kernel also runs on more: tests/models/test_cpu_threads.py)."""
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     yield

@@ -1,0 +1,324 @@
+#include <immintrin.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+/* Threads: built with -fopenmp where libgomp is there (kernels/cpu/loader.py), else one
+   thread. kernel_threads(n) sets how many the next calls use (torch.get_num_threads(), set by
+   the Python side when it changes); work is split so each output is computed by one thread
+   in the one-thread order, so any thread count gives bit-identical results. */
+#ifdef _OPENMP
+#include <omp.h>
+#define OMP(x) _Pragma(#x)
+static int kernel_nthreads = 1;
+static inline int thread_id(void) { return omp_get_thread_num(); }
+#else
+#define OMP(x)
+static int kernel_nthreads = 1;
+static inline int thread_id(void) { return 0; }
+#endif
+int kernel_threads(int n) {
+    kernel_nthreads = n < 1 ? 1 : n;
+#ifdef _OPENMP
+    return kernel_nthreads;
+#else
+    return 1;
+#endif
+}
+#include <unistd.h>
+#include <sys/syscall.h>
+
+typedef struct {
+    uint8_t palette_id, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} __attribute__((packed)) tile_config;
+
+/* Linux hands out AMX state only to a process that asks (ARCH_REQ_XCOMP_PERM, XTILEDATA). */
+int amx_enable(void) { return syscall(SYS_arch_prctl, 0x1023, 18) == 0 ? 0 : -1; }
+
+/* W[n,k] row-major -> [n/32 panels][k/32][2 tiles][16 k-pairs][16 columns][2]: a panel is contiguous. */
+int amx_pack_bf16(const uint16_t *w, int64_t n, int64_t k, uint16_t *out) {
+    if (n % 32 || k % 32) return -1;
+    int64_t kb_n = k / 32;
+    for (int64_t nb = 0; nb < n / 32; ++nb)
+        for (int64_t kb = 0; kb < kb_n; ++kb)
+            for (int t = 0; t < 2; ++t) {
+                uint16_t *tile = out + ((nb * kb_n + kb) * 2 + t) * 512;
+                for (int r = 0; r < 16; ++r)
+                    for (int c = 0; c < 16; ++c)
+                        for (int j = 0; j < 2; ++j)
+                            tile[r * 32 + c * 2 + j] = w[(nb * 32 + t * 16 + c) * k + kb * 32 + 2 * r + j];
+            }
+    return 0;
+}
+
+static inline void store_rows(const float *c, int rows, int64_t col0, const uint16_t *bias, uint16_t *y, int64_t ldy) {
+    __m512 b = _mm512_setzero_ps();
+    if (bias) b = _mm512_castsi512_ps(_mm512_slli_epi32(
+        _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(bias + col0))), 16));
+    for (int r = 0; r < rows; ++r) {
+        __m512 v = _mm512_add_ps(_mm512_loadu_ps(c + r * 16), b);
+        _mm256_storeu_si256((__m256i *)(y + r * ldy + col0), (__m256i)_mm512_cvtneps_pbh(v));
+    }
+}
+
+/* y[m,n] = x[m,k] @ W^T (+ bias): bf16 in and out, fp32 accumulation. Tiles: tmm0-3 C
+   (rows 0-15 / 16-31 x columns 0-15 / 16-31 of the panel), tmm4-5 A, tmm6-7 B. */
+/* ---- bfloat16, AMX. */
+int amx_linear_bf16(const uint16_t *x, int64_t ldx, int64_t m, const uint16_t *wp, int64_t n, int64_t k,
+                    const uint16_t *bias, uint16_t *y, int64_t ldy) {
+    if (n % 32 || k % 32 || m <= 0) return -1;
+    int64_t kb_n = k / 32, full = m / 32 * 32, tail = m - full;
+    uint16_t *pad = 0;
+    if (tail) {
+        pad = (uint16_t *)aligned_alloc(64, (size_t)(32 * k * 2 + 63) / 64 * 64);
+        if (!pad) return -2;
+        memset(pad, 0, 32 * k * 2);
+        for (int64_t r = 0; r < tail; ++r) memcpy(pad + r * k, x + (full + r) * ldx, k * 2);
+    }
+    tile_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette_id = 1;
+    for (int i = 0; i < 8; ++i) { cfg.rows[i] = 16; cfg.colsb[i] = 64; }
+    OMP(omp parallel num_threads(kernel_nthreads))
+    {  /* tile state is per thread: each configures its own and takes whole panels */
+    _tile_loadconfig(&cfg);
+    float c[4][256] __attribute__((aligned(64)));
+    OMP(omp for schedule(static))
+    for (int64_t nb = 0; nb < n / 32; ++nb) {
+        const uint16_t *b = wp + nb * kb_n * 1024;
+        for (int64_t m0 = 0; m0 < m; m0 += 32) {
+            const uint16_t *xa = m0 < full ? x + m0 * ldx : pad;
+            int64_t lda = m0 < full ? ldx : k;
+            const uint16_t *xb = xa + 16 * lda;
+            _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+            for (int64_t kb = 0; kb < kb_n; ++kb) {
+                if (m0 == 0) {  /* first pass over the panel: fetch 4 tile pairs (8 KB) ahead */
+                    const char *p = (const char *)(b + kb * 1024) + 4 * 2048;
+                    for (int i = 0; i < 2048; i += 64) _mm_prefetch(p + i, _MM_HINT_T0);
+                }
+                _tile_loadd(6, b + kb * 1024, 64);
+                _tile_loadd(7, b + kb * 1024 + 512, 64);
+                _tile_loadd(4, xa + kb * 32, lda * 2);
+                _tile_dpbf16ps(0, 4, 6); _tile_dpbf16ps(1, 4, 7);
+                _tile_loadd(5, xb + kb * 32, lda * 2);
+                _tile_dpbf16ps(2, 5, 6); _tile_dpbf16ps(3, 5, 7);
+            }
+            int rows = m - m0 < 32 ? (int)(m - m0) : 32;
+            int r0 = rows < 16 ? rows : 16, r1 = rows - r0;
+            _tile_stored(0, c[0], 64); _tile_stored(1, c[1], 64);
+            store_rows(c[0], r0, nb * 32, bias, y + m0 * ldy, ldy);
+            store_rows(c[1], r0, nb * 32 + 16, bias, y + m0 * ldy, ldy);
+            if (r1) {
+                _tile_stored(2, c[2], 64); _tile_stored(3, c[3], 64);
+                store_rows(c[2], r1, nb * 32, bias, y + (m0 + 16) * ldy, ldy);
+                store_rows(c[3], r1, nb * 32 + 16, bias, y + (m0 + 16) * ldy, ldy);
+            }
+        }
+    }
+    _tile_release();
+    }
+    free(pad);
+    return 0;
+}
+
+/* ---- bfloat16 on AVX512-BF16 without AMX (e.g. AMD Zen 4 and 5): vdpbf16ps on 32-column panels.
+   W[n,k] row-major -> [n/32 panels][k/2 pairs][32 columns][2]: a panel is contiguous, 128 bytes per pair. */
+int dp_pack_bf16(const uint16_t *w, int64_t n, int64_t k, uint16_t *out) {
+    if (n % 32 || k % 2) return -1;
+    const int64_t kp_n = k / 2;
+    for (int64_t nb = 0; nb < n / 32; ++nb)
+        for (int64_t kp = 0; kp < kp_n; ++kp)
+            for (int c = 0; c < 32; ++c)
+                for (int j = 0; j < 2; ++j)
+                    out[((nb * kp_n + kp) * 32 + c) * 2 + j] = w[(nb * 32 + c) * k + 2 * kp + j];
+    return 0;
+}
+
+/* k steps (k pairs in bf16; 128 bytes either way) ahead the 14 x 32 kernels' first row chunk
+   fetches its panel: 24 KB, about a DRAM latency's worth of 14-row steps (3 KB left decode
+   steps of 14-32 rows 1.1-1.4x slower on a Zen 5) */
+#define PF_K 192
+
+static inline __m512 bf16x16_to_f32(const uint16_t *p) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+}
+
+/* MR rows x 32 columns of fp32 accumulators (2*MR zmm); each k pair of a row is broadcast as
+   one 32-bit lane pattern and multiplied into both halves of the panel's pair. */
+#define DEFINE_DK(MR)                                                                            \
+static void dk_##MR(const uint16_t *x, int64_t ldx, const uint16_t *b, int64_t k, int first,     \
+                    const uint16_t *bias, uint16_t *y, int64_t ldy) {                            \
+    __m512 a0[MR], a1[MR];                                                                       \
+    for (int r = 0; r < MR; ++r) { a0[r] = _mm512_setzero_ps(); a1[r] = _mm512_setzero_ps(); }   \
+    for (int64_t kp = 0; kp < k / 2; ++kp) {                                                     \
+        if (first) _mm_prefetch((const char *)(b + (kp + PF_K) * 64), _MM_HINT_T0),               \
+                   _mm_prefetch((const char *)(b + (kp + PF_K) * 64 + 32), _MM_HINT_T0);          \
+        const __m512bh w0 = (__m512bh)_mm512_loadu_si512(b + kp * 64);                          \
+        const __m512bh w1 = (__m512bh)_mm512_loadu_si512(b + kp * 64 + 32);                     \
+        for (int r = 0; r < MR; ++r) {                                                           \
+            int32_t pair;                                                                        \
+            memcpy(&pair, x + r * ldx + 2 * kp, 4);                                              \
+            const __m512bh xb = (__m512bh)_mm512_set1_epi32(pair);                               \
+            a0[r] = _mm512_dpbf16_ps(a0[r], xb, w0);                                             \
+            a1[r] = _mm512_dpbf16_ps(a1[r], xb, w1);                                             \
+        }                                                                                        \
+    }                                                                                            \
+    const __m512 b0 = bias ? bf16x16_to_f32(bias) : _mm512_setzero_ps();                         \
+    const __m512 b1 = bias ? bf16x16_to_f32(bias + 16) : _mm512_setzero_ps();                    \
+    for (int r = 0; r < MR; ++r) {                                                               \
+        _mm256_storeu_si256((__m256i *)(y + r * ldy), (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(a0[r], b0)));      \
+        _mm256_storeu_si256((__m256i *)(y + r * ldy + 16), (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(a1[r], b1))); \
+    }                                                                                            \
+}
+DEFINE_DK(1) DEFINE_DK(2) DEFINE_DK(3) DEFINE_DK(4) DEFINE_DK(5) DEFINE_DK(6) DEFINE_DK(7)
+DEFINE_DK(8) DEFINE_DK(9) DEFINE_DK(10) DEFINE_DK(11) DEFINE_DK(12) DEFINE_DK(13) DEFINE_DK(14)
+typedef void (*dk_fn)(const uint16_t *, int64_t, const uint16_t *, int64_t, int, const uint16_t *, uint16_t *, int64_t);
+static const dk_fn DK[15] = {0, dk_1, dk_2, dk_3, dk_4, dk_5, dk_6, dk_7, dk_8, dk_9, dk_10, dk_11, dk_12, dk_13, dk_14};
+
+/* y[m,n] = x[m,k] @ W^T (+ bias) on 32-column panels of k*32 values (both AVX-512 kernels): one
+   panel at a time, streamed once (prefetched on the first row chunk), rows in chunks of 14
+   (28 accumulators in registers), each chunk reusing the panel from L1/L2. */
+#define DEFINE_PANEL_LINEAR(NAME, T, KERNELS, K_REJECTED)                                         \
+int NAME(const T *x, int64_t ldx, int64_t m, const T *wp, int64_t n, int64_t k,                  \
+         const T *bias, T *y, int64_t ldy) {                                                     \
+    if (n % 32 || (K_REJECTED) || m <= 0) return -1;                                             \
+    OMP(omp parallel for schedule(static) num_threads(kernel_nthreads)) /* threads split panels */ \
+    for (int64_t nb = 0; nb < n / 32; ++nb) {                                                    \
+        const T *b = wp + nb * k * 32;                                                           \
+        for (int64_t m0 = 0; m0 < m; m0 += 14) {                                                 \
+            const int mr = m - m0 < 14 ? (int)(m - m0) : 14;                                     \
+            KERNELS[mr](x + m0 * ldx, ldx, b, k, m0 == 0, bias ? bias + nb * 32 : 0,             \
+                        y + m0 * ldy + nb * 32, ldy);                                            \
+        }                                                                                        \
+    }                                                                                            \
+    return 0;                                                                                    \
+}
+/* bf16 in and out, fp32 accumulation, bias in fp32, one rounding to bf16 */
+DEFINE_PANEL_LINEAR(dp_linear_bf16, uint16_t, DK, k % 2)
+
+/* ---- float32, AVX-512 FMA. W[n,k] row-major -> [n/32 panels][k][32]: a panel is contiguous. */
+int f32_pack(const float *w, int64_t n, int64_t k, float *out) {
+    if (n % 32) return -1;
+    for (int64_t nb = 0; nb < n / 32; ++nb)
+        for (int64_t kk = 0; kk < k; ++kk)
+            for (int c = 0; c < 32; ++c) out[(nb * k + kk) * 32 + c] = w[(nb * 32 + c) * k + kk];
+    return 0;
+}
+
+#define X_BLOCK_BYTES (384 << 10) /* activations per row block of the 6 x 64 kernel (L2 is 1-2 MB) */
+#define NARROW_ROWS 14 /* past this the 6 x 64 kernel: 1.1x the 14 x 32 one at 16-32 rows on a Zen 5 */
+#define KB 64 /* k is summed in blocks of KB, the blocks added in order: a smaller rounding error than one long chain */
+#define DEFINE_MK(MR)                                                                            \
+static void mk_##MR(const float *x, int64_t ldx, const float *b, int64_t k, int first,           \
+                    const float *bias, float *y, int64_t ldy) {                                  \
+    for (int64_t k0 = 0; k0 < k; k0 += KB) {                                                     \
+        const int64_t k1 = k - k0 < KB ? k : k0 + KB;                                            \
+        __m512 a0[MR], a1[MR];                                                                   \
+        for (int r = 0; r < MR; ++r) { a0[r] = _mm512_setzero_ps(); a1[r] = _mm512_setzero_ps(); } \
+        for (int64_t kk = k0; kk < k1; ++kk) {                                                   \
+            if (first) _mm_prefetch((const char *)(b + (kk + PF_K) * 32), _MM_HINT_T0),           \
+                       _mm_prefetch((const char *)(b + (kk + PF_K) * 32 + 16), _MM_HINT_T0);      \
+            const __m512 w0 = _mm512_loadu_ps(b + kk * 32), w1 = _mm512_loadu_ps(b + kk * 32 + 16); \
+            for (int r = 0; r < MR; ++r) {                                                       \
+                const __m512 xb = _mm512_set1_ps(x[r * ldx + kk]);                               \
+                a0[r] = _mm512_fmadd_ps(xb, w0, a0[r]);                                          \
+                a1[r] = _mm512_fmadd_ps(xb, w1, a1[r]);                                          \
+            }                                                                                    \
+        }                                                                                        \
+        for (int r = 0; r < MR; ++r) {                                                           \
+            float *yr = y + r * ldy;                                                             \
+            if (k0) { a0[r] = _mm512_add_ps(_mm512_loadu_ps(yr), a0[r]);                         \
+                      a1[r] = _mm512_add_ps(_mm512_loadu_ps(yr + 16), a1[r]); }                  \
+            if (k1 == k && bias) { a0[r] = _mm512_add_ps(a0[r], _mm512_loadu_ps(bias));           \
+                                   a1[r] = _mm512_add_ps(a1[r], _mm512_loadu_ps(bias + 16)); }    \
+            _mm512_storeu_ps(yr, a0[r]);                                                         \
+            _mm512_storeu_ps(yr + 16, a1[r]);                                                    \
+        }                                                                                        \
+    }                                                                                            \
+}
+DEFINE_MK(1) DEFINE_MK(2) DEFINE_MK(3) DEFINE_MK(4) DEFINE_MK(5) DEFINE_MK(6) DEFINE_MK(7)
+DEFINE_MK(8) DEFINE_MK(9) DEFINE_MK(10) DEFINE_MK(11) DEFINE_MK(12) DEFINE_MK(13) DEFINE_MK(14)
+typedef void (*mk_fn)(const float *, int64_t, const float *, int64_t, int, const float *, float *, int64_t);
+static const mk_fn MK[15] = {0, mk_1, mk_2, mk_3, mk_4, mk_5, mk_6, mk_7, mk_8, mk_9, mk_10, mk_11, mk_12, mk_13, mk_14};
+
+DEFINE_PANEL_LINEAR(f32_linear_narrow, float, MK, 0)
+
+/* Past 14 rows: two panels at a time, 6 rows x 64 columns of accumulators (24 registers), so
+   each k step loads 4 weight vectors and 6 broadcasts for 24 FMAs where the 14 x 32 kernel
+   loads 2 and 14 for 28. One call does one k block of at most KB rows (y += its sum, or y = on
+   the first block; bias added after the last), so the summation order per output is the 14 x 32
+   kernel's: the same results. */
+#define DEFINE_MK2(MR)                                                                           \
+static void mk2_##MR(const float *x, int64_t ldx, const float *p0, const float *p1, int64_t kn,  \
+                     int accumulate, int64_t pf0, int64_t npf, const float *bias, float *y,      \
+                     int64_t ldy) {                                                              \
+    __m512 a[MR][4];                                                                             \
+    for (int r = 0; r < MR; ++r)                                                                 \
+        for (int j = 0; j < 4; ++j) a[r][j] = _mm512_setzero_ps();                               \
+    for (int64_t kk = 0; kk < kn; ++kk) {                                                        \
+        if (kk < npf) { /* this chunk's share of the next k block (past a panel's end: the next panel) */ \
+            const int64_t f = (KB + pf0 + kk) * 32;                                              \
+            _mm_prefetch((const char *)(p0 + f), _MM_HINT_T0);                                   \
+            _mm_prefetch((const char *)(p0 + f + 16), _MM_HINT_T0);                              \
+            _mm_prefetch((const char *)(p1 + f), _MM_HINT_T0);                                   \
+            _mm_prefetch((const char *)(p1 + f + 16), _MM_HINT_T0);                              \
+        }                                                                                        \
+        const __m512 w0 = _mm512_loadu_ps(p0 + kk * 32), w1 = _mm512_loadu_ps(p0 + kk * 32 + 16); \
+        const __m512 w2 = _mm512_loadu_ps(p1 + kk * 32), w3 = _mm512_loadu_ps(p1 + kk * 32 + 16); \
+        for (int r = 0; r < MR; ++r) {                                                           \
+            const __m512 xb = _mm512_set1_ps(x[r * ldx + kk]);                                   \
+            a[r][0] = _mm512_fmadd_ps(xb, w0, a[r][0]);                                          \
+            a[r][1] = _mm512_fmadd_ps(xb, w1, a[r][1]);                                          \
+            a[r][2] = _mm512_fmadd_ps(xb, w2, a[r][2]);                                          \
+            a[r][3] = _mm512_fmadd_ps(xb, w3, a[r][3]);                                          \
+        }                                                                                        \
+    }                                                                                            \
+    for (int r = 0; r < MR; ++r) {                                                               \
+        float *yr = y + r * ldy;                                                                 \
+        for (int j = 0; j < 4; ++j) {                                                            \
+            if (accumulate) a[r][j] = _mm512_add_ps(_mm512_loadu_ps(yr + 16 * j), a[r][j]);      \
+            if (bias) a[r][j] = _mm512_add_ps(a[r][j], _mm512_loadu_ps(bias + 16 * j));          \
+            _mm512_storeu_ps(yr + 16 * j, a[r][j]);                                              \
+        }                                                                                        \
+    }                                                                                            \
+}
+DEFINE_MK2(1) DEFINE_MK2(2) DEFINE_MK2(3) DEFINE_MK2(4) DEFINE_MK2(5) DEFINE_MK2(6)
+typedef void (*mk2_fn)(const float *, int64_t, const float *, const float *, int64_t, int, int64_t, int64_t,
+                       const float *, float *, int64_t);
+static const mk2_fn MK2[7] = {0, mk2_1, mk2_2, mk2_3, mk2_4, mk2_5, mk2_6};
+
+/* Blocked as a GEMM: rows in blocks whose activations stay in L2 (a prompt step's x, 2,048 x
+   576 floats = 4.7 MB, read again from L3 for every panel pair made the time swing 1.5x with
+   what the L3's other tenants did), and for each panel pair one k block (64 x 64 floats,
+   16 KB) at a time, which every 6-row chunk of the row block then reads from L1. */
+int f32_linear(const float *x, int64_t ldx, int64_t m, const float *wp, int64_t n, int64_t k,
+               const float *bias, float *y, int64_t ldy) {
+    if (m <= NARROW_ROWS || n % 32) return f32_linear_narrow(x, ldx, m, wp, n, k, bias, y, ldy);
+    int64_t mc = X_BLOCK_BYTES / (k * (int64_t)sizeof(float)) / 6 * 6;
+    if (mc < 6) mc = 6;
+    OMP(omp parallel num_threads(kernel_nthreads))
+    for (int64_t mb = 0; mb < m; mb += mc) {
+        const int64_t me = m - mb < mc ? m : mb + mc;
+        OMP(omp for schedule(static)) /* threads split panel pairs; each output's sum order is unchanged */
+        for (int64_t np = 0; np < n / 64; ++np) {
+            const float *p0 = wp + 2 * np * k * 32, *p1 = p0 + k * 32;
+            for (int64_t k0 = 0; k0 < k; k0 += KB) {
+                const int64_t k1 = k - k0 < KB ? k : k0 + KB;
+                const float *bb = bias && k1 == k ? bias + np * 64 : 0;
+                const int64_t chunks = (me - mb + 5) / 6;
+                for (int64_t c = 0; c < chunks; ++c) {
+                    const int64_t m0 = mb + 6 * c;
+                    const int mr = me - m0 < 6 ? (int)(me - m0) : 6;
+                    /* the chunks share the fetching of the next k block: rows [c, c+1) * KB / chunks */
+                    const int64_t f0 = (c * KB + chunks - 1) / chunks, f1 = ((c + 1) * KB + chunks - 1) / chunks;
+                    MK2[mr](x + m0 * ldx + k0, ldx, p0 + k0 * 32, p1 + k0 * 32, k1 - k0, k0 > 0, f0, f1 - f0, bb,
+                            y + m0 * ldy + np * 64, ldy);
+                }
+            }
+        }
+    }
+    if (n % 64)  /* an odd last panel */
+        return f32_linear_narrow(x, ldx, m, wp + (n - 32) * k, 32, k, bias ? bias + n - 32 : 0, y + n - 32, ldy);
+    return 0;
+}

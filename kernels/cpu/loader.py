@@ -1,0 +1,152 @@
+"""Build a C source of kernels/cpu once and load it with ctypes.
+
+The system C compiler turns ``<stem>.c`` into ``$INFERQ_CACHE_DIR/cpu_kernels/<stem>_<key>.so``
+(default ``~/.cache/inferq``; key: the source, compiler, flags and the CPU's feature flags), so
+a changed source, flag or CPU gets a fresh build and an unchanged one costs a ``stat``. Warnings
+are on (``-Wall -Wextra``; the sources build clean with gcc 12). This is the same load-on-first-
+use scheme as ``torch.utils.cpp_extension.load`` with its own cache dir, without its C++/torch
+headers and ninja: these files are plain C, a build takes about a second, and a machine with no
+compiler only loses speed. Where there is no compiler, the build or load fails, or
+``INFERQ_CPU_KERNELS=0`` is set, ``build`` returns None and the callers keep their torch ops.
+
+Threads: where the compiler can build and link OpenMP (``-fopenmp``, libgomp), every source is
+built with it and its kernels split their work over ``kernel_threads(n)`` threads (``sync_threads``
+sets n to ``torch.get_num_threads()``); elsewhere the one-thread build (``lib.openmp`` False).
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+SOURCE_DIR = Path(__file__).resolve().parent
+WARNINGS = ["-Wall", "-Wextra"]
+
+
+@functools.lru_cache(maxsize=None)
+def _cpuinfo(field: str) -> str | None:
+    """The value of a /proc/cpuinfo field ("flags", "vendor_id") for the first CPU, or
+    None where there is no such file (read once per field: it does not change)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.split(":", 1)[0].strip() == field:
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return None
+
+
+def cpu_flags() -> str:
+    flags = _cpuinfo("flags")
+    if flags is not None:
+        return flags
+    import platform
+
+    return platform.processor() or platform.machine()
+
+
+def cpu_has(*features: str) -> bool:
+    """Whether /proc/cpuinfo lists every one of these flags (e.g. ``amx_bf16``)."""
+    flags = set(cpu_flags().split())
+    return all(f in flags for f in features)
+
+
+def cpu_vendor() -> str:
+    """/proc/cpuinfo's vendor_id ("GenuineIntel", "AuthenticAMD"), or "" where unknown."""
+    return _cpuinfo("vendor_id") or ""
+
+
+def cache_dir() -> Path:
+    # the same root as the GGUF conversions: $INFERQ_CACHE_DIR or ~/.cache/inferq
+    return Path(os.environ.get("INFERQ_CACHE_DIR") or Path.home() / ".cache" / "inferq") / "cpu_kernels"
+
+
+def compiler() -> str | None:
+    """The C compiler the kernels are built with: $CC, else cc, gcc or clang on PATH."""
+    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+
+
+def enabled() -> bool:
+    """False where ``INFERQ_CPU_KERNELS=0`` (or false/no/off) turns every C kernel off."""
+    return os.environ.get("INFERQ_CPU_KERNELS", "1").lower() not in ("0", "false", "no", "off")
+
+
+@functools.lru_cache(maxsize=None)
+def openmp_flags(cc: str) -> tuple[str, ...]:
+    """("-fopenmp",) where ``cc`` builds and links a shared object with OpenMP, else ()."""
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / "omp.c"
+        src.write_text("#include <omp.h>\nint f(void) { return omp_get_max_threads(); }\n")
+        try:
+            subprocess.run([cc, "-fopenmp", "-fPIC", "-shared", str(src), "-o", str(Path(tmp) / "omp.so")],
+                           check=True, capture_output=True, timeout=60)
+            return ("-fopenmp",)
+        except (OSError, subprocess.SubprocessError):
+            log.info("%s cannot build OpenMP: CPU kernels run on one thread", cc)
+            return ()
+
+
+def sync_threads(lib: ctypes.CDLL) -> None:
+    """Make ``lib``'s kernels use ``torch.get_num_threads()`` threads (a no-op when unchanged)."""
+    import torch
+
+    n = torch.get_num_threads()
+    if lib.threads != n:
+        lib.kernel_threads(n)
+        lib.threads = n
+
+
+def source(stem: str) -> str:
+    return (SOURCE_DIR / f"{stem}.c").read_text()
+
+
+def build(stem: str, flags: list[str]) -> ctypes.CDLL | None:
+    """kernels/cpu/<stem>.c compiled with ``flags`` (plus warnings, -fPIC -shared) and loaded;
+    None, logged, where there is no compiler or the build or load fails."""
+    cc = compiler()
+    if not cc:
+        log.info("no C compiler: %s stays on the torch path", stem)
+        return None
+    omp = openmp_flags(cc)
+    flags = [*flags, *omp, *WARNINGS, "-fPIC", "-shared"]
+    try:
+        text = source(stem)
+    except OSError as e:
+        log.warning("CPU kernel source %s missing (%s); using the torch path", stem, e)
+        return None
+    key = hashlib.sha256("\0".join([text, cc, *flags, cpu_flags()]).encode()).hexdigest()[:16]
+    folder = cache_dir()
+    path = folder / f"{stem}_{key}.so"
+    try:
+        if not path.exists():
+            folder.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryDirectory(dir=folder) as tmp:
+                src = Path(tmp) / f"{stem}.c"
+                src.write_text(text)  # the hashed text is the one built
+                so = Path(tmp) / f"{stem}.so"
+                done = subprocess.run([cc, *flags, str(src), "-o", str(so), "-lm"], check=True,
+                                      capture_output=True, timeout=120)
+                if done.stderr:
+                    log.warning("CPU kernel %s built with warnings:\n%s", stem,
+                                done.stderr.decode(errors="replace")[:2000])
+                os.replace(so, path)  # atomic: a concurrent builder sees all or nothing
+        lib = ctypes.CDLL(str(path))
+        lib.kernel_threads.argtypes = [ctypes.c_int]
+        lib.kernel_threads.restype = ctypes.c_int
+        lib.openmp = bool(omp) and lib.kernel_threads(1) == 1 and lib.kernel_threads(2) == 2
+        lib.kernel_threads(1)
+        lib.threads = 1
+        return lib
+    except Exception as e:  # no usable compiler, read-only cache, a failed load: stay on torch
+        detail = getattr(e, "stderr", b"") or b""
+        log.warning("CPU kernel %s unavailable (%s %s); using the torch path",
+                    stem, e, detail.decode(errors="replace")[:500])
+        return None

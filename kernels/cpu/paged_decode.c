@@ -1,0 +1,457 @@
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+/* Threads: built with -fopenmp where libgomp is there (kernels/cpu/loader.py), else one
+   thread. kernel_threads(n) sets how many the next calls use (torch.get_num_threads(), set by
+   the Python side when it changes); work is split so each output is computed by one thread
+   in the one-thread order, so any thread count gives bit-identical results. */
+#ifdef _OPENMP
+#include <omp.h>
+#define OMP(x) _Pragma(#x)
+static int kernel_nthreads = 1;
+static inline int thread_id(void) { return omp_get_thread_num(); }
+#else
+#define OMP(x)
+static int kernel_nthreads = 1;
+static inline int thread_id(void) { return 0; }
+#endif
+int kernel_threads(int n) {
+    kernel_nthreads = n < 1 ? 1 : n;
+#ifdef _OPENMP
+    return kernel_nthreads;
+#else
+    return 1;
+#endif
+}
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#define HAVE_AVX512 1
+#else
+#define HAVE_AVX512 0
+#endif
+#if defined(__AVX512BF16__) && HAVE_AVX512
+#define HAVE_DPBF16 1
+#else
+#define HAVE_DPBF16 0
+#endif
+
+typedef union { uint32_t u; float f; } fbits;
+
+static inline float bf2f(uint16_t x) { fbits v; v.u = ((uint32_t)x) << 16; return v.f; }
+static inline uint16_t f2bf(float f) {
+    fbits v; v.f = f;
+    if ((v.u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((v.u >> 16) | 0x40u); /* NaN stays NaN */
+    v.u += 0x7fffu + ((v.u >> 16) & 1u);
+    return (uint16_t)(v.u >> 16);
+}
+
+/* exp(x) for x <= 0 (softmax after subtracting the max). */
+static inline float exp_neg(float x) {
+    x = x < -87.0f ? -87.0f : x;
+    /* rint, not the add-and-subtract-2^23 trick: -fassociative-math would fold that away */
+    float n = __builtin_rintf(x * 1.44269504088896341f);
+    /* fmaf: -fassociative-math would merge two plain products into n * ln2 rounded to
+       float, an error growing with |n| (3.7e-6 relative at x = -72; 7e-8 with fmaf) */
+    float r = __builtin_fmaf(n, -0.693359375f, x);
+    r = __builtin_fmaf(n, 2.12194440e-4f, r);
+    float p = 1.0f / 5040.0f;
+    p = p * r + 1.0f / 720.0f;
+    p = p * r + 1.0f / 120.0f;
+    p = p * r + 1.0f / 24.0f;
+    p = p * r + 1.0f / 6.0f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    fbits v; v.f = p; v.u += (uint32_t)((int32_t)n) << 23;
+    return v.f;
+}
+
+#if HAVE_AVX512
+/* 16 vectors -> one vector of their 16 horizontal sums (lane t = sum of v[t]) */
+static inline __m512 sum16(const __m512 *v) {
+    __m512 c[8], e[4], f[2];
+    for (int i = 0; i < 8; ++i)
+        c[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+    for (int i = 0; i < 4; ++i)
+        e[i] = _mm512_add_ps(
+            _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(c[2 * i]), _mm512_castps_pd(c[2 * i + 1]))),
+            _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(c[2 * i]), _mm512_castps_pd(c[2 * i + 1]))));
+    for (int i = 0; i < 2; ++i)
+        f[i] = _mm512_add_ps(_mm512_shuffle_f32x4(e[2 * i], e[2 * i + 1], 0x88),   /* lanes 0,2 | 0,2 */
+                             _mm512_shuffle_f32x4(e[2 * i], e[2 * i + 1], 0xdd));  /* lanes 1,3 | 1,3 */
+    return _mm512_add_ps(_mm512_shuffle_f32x4(f[0], f[1], 0x88), _mm512_shuffle_f32x4(f[0], f[1], 0xdd));
+}
+
+/* exp_neg on 16 lanes: the same range reduction and polynomial as the scalar version */
+static inline __m512 exp_neg16(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-0.693359375f), x);
+    r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.0f / 5040.0f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    const __m512i e = _mm512_slli_epi32(_mm512_cvtps_epi32(n), 23);
+    return _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(p), e));
+}
+/* sc[t] = exp(sc[t] - max) over len scores; returns their sum (16 lanes at a time: the
+   scalar loop was most of a decode row's time at a few hundred tokens) */
+static inline float softmax_numerators(float *sc, int64_t len) {
+    __m512 vm = _mm512_set1_ps(-__builtin_inff());
+    for (int64_t t = 0; t < len; t += 16) {
+        const __mmask16 k = len - t >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (len - t)) - 1u);
+        vm = _mm512_max_ps(vm, _mm512_mask_loadu_ps(vm, k, sc + t));
+    }
+    const __m512 m = _mm512_set1_ps(_mm512_reduce_max_ps(vm));
+    __m512 vs = _mm512_setzero_ps();
+    for (int64_t t = 0; t < len; t += 16) {
+        const __mmask16 k = len - t >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (len - t)) - 1u);
+        const __m512 e = exp_neg16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, sc + t), m));
+        _mm512_mask_storeu_ps(sc + t, k, e);
+        vs = _mm512_mask_add_ps(vs, k, vs, e);
+    }
+    return _mm512_reduce_add_ps(vs);
+}
+/* q.k for the n (<= 16) tokens of one block and g_n query heads: 16 tokens' dot products as 16
+   vectors, summed across lanes at once (no horizontal sum per token):
+   scores[g * len + t] = scale * (q_g . k_t). FMA(acc, q, k) adds STEP values' products. */
+#define DEFINE_DOTS(NAME, T, STEP, FMA)                                                          \
+static inline void NAME(const T *q, const T *k, int64_t tok_stride, int64_t n,                   \
+                        int64_t g_n, int64_t d, float scale, float *scores, int64_t len) {      \
+    __m512 acc[16];                                                                              \
+    const __m512 vscale = _mm512_set1_ps(scale);                                                 \
+    for (int64_t g = 0; g < g_n; ++g) {                                                          \
+        const T *qg = q + g * d;                                                                 \
+        for (int64_t t = 0; t < 16; ++t) {                                                       \
+            __m512 a = _mm512_setzero_ps();                                                      \
+            if (t < n) {                                                                         \
+                const T *kr = k + t * tok_stride;                                                \
+                for (int64_t j = 0; j < d; j += STEP) a = FMA(a, qg + j, kr + j);                \
+            }                                                                                    \
+            acc[t] = a;                                                                          \
+        }                                                                                        \
+        const __m512 s = _mm512_mul_ps(sum16(acc), vscale);                                      \
+        _mm512_mask_storeu_ps(scores + g * len, (__mmask16)((1u << n) - 1u), s);                 \
+    }                                                                                            \
+}
+#define FMA_F32(a, x, y) _mm512_fmadd_ps(_mm512_loadu_ps(x), _mm512_loadu_ps(y), a)
+DEFINE_DOTS(dots_f32, float, 16, FMA_F32)
+/* p.v for head size 64: acc[g] (row stride MAX_D) += p[g][t] * v[t] over the n tokens of one
+   block, GC query heads at a time with their accumulators in registers; LOAD16 widens 16
+   values of the cache's dtype to fp32. */
+#define LOAD16_F32(p) _mm512_loadu_ps(p)
+#define LOAD16_BF16(p) _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(p))), 16))
+#define DEFINE_PV64(NAME, T, LOAD16, GC)                                                        \
+static inline void NAME##_##GC(const T *v, int64_t ts, int64_t n, const float *p,               \
+                               int64_t len, float *acc) {                                       \
+    __m512 a[GC][4];                                                                            \
+    for (int g = 0; g < GC; ++g)                                                                \
+        for (int j = 0; j < 4; ++j) a[g][j] = _mm512_loadu_ps(acc + g * 256 + j * 16);          \
+    for (int64_t t = 0; t < n; ++t) {                                                           \
+        const T *vr = v + t * ts;                                                               \
+        __m512 x[4];                                                                            \
+        for (int j = 0; j < 4; ++j) x[j] = LOAD16(vr + 16 * j);                                 \
+        for (int g = 0; g < GC; ++g) {                                                          \
+            const __m512 pb = _mm512_set1_ps(p[g * len + t]);                                   \
+            for (int j = 0; j < 4; ++j) a[g][j] = _mm512_fmadd_ps(pb, x[j], a[g][j]);           \
+        }                                                                                       \
+    }                                                                                           \
+    for (int g = 0; g < GC; ++g)                                                                \
+        for (int j = 0; j < 4; ++j) _mm512_storeu_ps(acc + g * 256 + j * 16, a[g][j]);          \
+}
+#define DEFINE_PV64_ALL(NAME, T, LOAD16)                                                        \
+DEFINE_PV64(NAME, T, LOAD16, 1) DEFINE_PV64(NAME, T, LOAD16, 2)                                 \
+DEFINE_PV64(NAME, T, LOAD16, 3) DEFINE_PV64(NAME, T, LOAD16, 4)                                 \
+static inline void NAME(const T *v, int64_t ts, int64_t n, const float *p, int64_t len,         \
+                        float *acc, int64_t g_n) {                                              \
+    for (int64_t g0 = 0; g0 < g_n; g0 += 4) {                                                   \
+        const int64_t gc = g_n - g0 < 4 ? g_n - g0 : 4;                                         \
+        const float *pg = p + g0 * len;                                                         \
+        float *ag = acc + g0 * 256;                                                             \
+        if (gc == 4) NAME##_4(v, ts, n, pg, len, ag);                                           \
+        else if (gc == 3) NAME##_3(v, ts, n, pg, len, ag);                                      \
+        else if (gc == 2) NAME##_2(v, ts, n, pg, len, ag);                                      \
+        else NAME##_1(v, ts, n, pg, len, ag);                                                   \
+    }                                                                                           \
+}
+DEFINE_PV64_ALL(pv64f, float, LOAD16_F32)
+DEFINE_PV64_ALL(pv64, uint16_t, LOAD16_BF16)
+#define FAST_PV(T, d) (sizeof(T) == 2 && (d) == 64)
+#define FAST_DOTS_F32(T, d) (sizeof(T) == 4 && (d) % 16 == 0 && bs == 16)
+#define FAST_PV_F32(T, d) (sizeof(T) == 4 && (d) == 64)
+#else
+static inline void dots_f32(const float *q, const float *k, int64_t tok_stride, int64_t n,
+                            int64_t g_n, int64_t d, float scale, float *scores, int64_t len) { }
+static inline void pv64f(const float *v, int64_t ts, int64_t n, const float *p, int64_t len,
+                         float *acc, int64_t g_n) { }
+static inline void pv64(const uint16_t *v, int64_t ts, int64_t n, const float *p, int64_t len,
+                        float *acc, int64_t g_n) { }
+#define FAST_DOTS_F32(T, d) 0
+#define FAST_PV_F32(T, d) 0
+#define FAST_PV(T, d) 0
+static inline float softmax_numerators(float *sc, int64_t len) {
+    float m = sc[0];
+    for (int64_t t = 1; t < len; ++t) m = sc[t] > m ? sc[t] : m;
+    float sum = 0.0f;
+    for (int64_t t = 0; t < len; ++t) { float e = exp_neg(sc[t] - m); sc[t] = e; sum += e; }
+    return sum;
+}
+#endif
+
+/* bf16 q.k with AVX512-BF16 (vdpbf16ps: exact bf16 products, fp32 sums), d a multiple of 32:
+   scores[g * len + t] = scale * (q_g . k_t) for the n tokens of one block. */
+#if HAVE_DPBF16
+#define FMA_BF16(a, x, y) _mm512_dpbf16_ps(a, (__m512bh)_mm512_loadu_si512(x), (__m512bh)_mm512_loadu_si512(y))
+DEFINE_DOTS(dots_bf16, uint16_t, 32, FMA_BF16)
+#define FAST_DOTS(T, d) (sizeof(T) == 2 && (d) % 32 == 0 && bs == 16)
+
+#else
+static inline void dots_bf16(const uint16_t *q, const uint16_t *k, int64_t tok_stride, int64_t n,
+                             int64_t g_n, int64_t d, float scale, float *scores, int64_t len) { }
+#define FAST_DOTS(T, d) 0
+#endif
+
+/* Fetch one head's slice of n token rows (a paged block) ahead of use: blocks sit at random
+   places and a head's slice is a strided piece of each row, which the hardware prefetchers
+   do not follow; at a few hundred cached tokens the loads from L3/DRAM were most of the time. */
+static inline void prefetch_rows(const void *p, int64_t n, int64_t stride_bytes, int64_t row_bytes, int far) {
+    const char *c = (const char *)p;
+    for (int64_t t = 0; t < n; ++t)
+        for (int64_t b = 0; b < row_bytes; b += 64) {
+            if (far) __builtin_prefetch(c + t * stride_bytes + b, 0, 2);
+            else __builtin_prefetch(c + t * stride_bytes + b, 0, 3);
+        }
+}
+
+#define MAX_D 256
+#define MAX_G 16
+
+/* One (sequence, kv head): G query heads of dimension D over len cached tokens. */
+#define DEFINE_KERNEL(NAME, T, LOAD, STORE)                                                   \
+static inline __attribute__((always_inline)) int NAME##_impl(                                  \
+         const T *q, int64_t q_tok_stride, T *out, int64_t out_tok_stride,                     \
+         const T *kc, const T *vc, const int32_t *tables, int64_t table_stride,              \
+         const int64_t *q_rows, const int64_t *seq_idx, const int64_t *lens, int64_t nseq,   \
+         int64_t hq, int64_t hkv, const int64_t d, int64_t bs, float scale, float *scratch0) { \
+    const int64_t g_n = hq / hkv;                                                             \
+    if (d > MAX_D || g_n > MAX_G || hq % hkv) return -1;                                      \
+    const int64_t tok_stride = hkv * d; /* cache layout [blocks, bs, hkv, d] */               \
+    /* one thread per (sequence, kv head); each has its own g_n * max(len) scores of scratch */ \
+    int64_t max_len = 0;                                                                      \
+    for (int64_t s = 0; s < nseq; ++s) max_len = lens[s] > max_len ? lens[s] : max_len;      \
+    const int64_t sstride = g_n * max_len;                                                    \
+    OMP(omp parallel for schedule(dynamic, 1) num_threads(kernel_nthreads))                  \
+    for (int64_t sh = 0; sh < nseq * hkv; ++sh) {                                             \
+        const int64_t s = sh / hkv, h = sh % hkv;                                             \
+        float qf[MAX_G][MAX_D], acc[MAX_G][MAX_D], kf[MAX_D];                                 \
+        float *scratch = scratch0 + thread_id() * sstride;                                    \
+        const int64_t len = lens[s];                                                          \
+        const int32_t *table = tables + seq_idx[s] * table_stride;                            \
+        const T *qrow = q + q_rows[s] * q_tok_stride;                                         \
+        T *orow = out + q_rows[s] * out_tok_stride;                                           \
+        {                                                                                     \
+            for (int64_t g = 0; g < g_n; ++g) {                                               \
+                const T *qh = qrow + (h * g_n + g) * d;                                       \
+                for (int64_t i = 0; i < d; ++i) qf[g][i] = LOAD(qh[i]) * scale;               \
+            }                                                                                 \
+            /* pass 1: scores[g][t]; the next block's keys and this block's values fetched ahead */ \
+            for (int64_t t0 = 0; t0 < len; t0 += bs) {                                        \
+                const int64_t n = len - t0 < bs ? len - t0 : bs;                              \
+                const int64_t base = ((int64_t)table[t0 / bs] * bs) * tok_stride + h * d;     \
+                if (t0 + bs < len) {                                                          \
+                    const int64_t n2 = len - t0 - bs < bs ? len - t0 - bs : bs;               \
+                    prefetch_rows(kc + ((int64_t)table[t0 / bs + 1] * bs) * tok_stride + h * d, n2, \
+                                  tok_stride * (int64_t)sizeof(T), d * (int64_t)sizeof(T), 0); \
+                }                                                                             \
+                prefetch_rows(vc + base, n, tok_stride * (int64_t)sizeof(T), d * (int64_t)sizeof(T), 1); \
+                if (FAST_DOTS(T, d)) {                                                        \
+                    dots_bf16((const uint16_t *)qrow + h * g_n * d, (const uint16_t *)(kc + base), \
+                              tok_stride, n, g_n, d, scale, scratch + t0, len);               \
+                } else if (FAST_DOTS_F32(T, d)) {                                             \
+                    dots_f32((const float *)qrow + h * g_n * d, (const float *)(kc + base),   \
+                             tok_stride, n, g_n, d, scale, scratch + t0, len);                \
+                } else {                                                                      \
+                for (int64_t t = 0; t < n; ++t) {                                             \
+                    const T *kr = kc + base + t * tok_stride;                                 \
+                    for (int64_t i = 0; i < d; ++i) kf[i] = LOAD(kr[i]);                      \
+                    for (int64_t g = 0; g < g_n; ++g) {                                       \
+                        float dot = 0.0f;                                                     \
+                        for (int64_t i = 0; i < d; ++i) dot += qf[g][i] * kf[i];              \
+                        scratch[g * len + t0 + t] = dot;                                      \
+                    }                                                                         \
+                }                                                                             \
+                }                                                                             \
+            }                                                                                 \
+            /* pass 2: softmax numerators and their sums */                                   \
+            float inv[MAX_G];                                                                 \
+            for (int64_t g = 0; g < g_n; ++g) {                                               \
+                inv[g] = 1.0f / softmax_numerators(scratch + g * len, len);                   \
+                for (int64_t i = 0; i < d; ++i) acc[g][i] = 0.0f;                             \
+            }                                                                                 \
+            /* pass 3: acc[g] += p[g][t] * v[t] */                                            \
+            for (int64_t t0 = 0; t0 < len; t0 += bs) {                                        \
+                const int64_t n = len - t0 < bs ? len - t0 : bs;                              \
+                const int64_t base = ((int64_t)table[t0 / bs] * bs) * tok_stride + h * d;     \
+                if (FAST_PV(T, d)) {                                                          \
+                    pv64((const uint16_t *)(vc + base), tok_stride, n, scratch + t0, len,     \
+                         &acc[0][0], g_n);                                                    \
+                    continue;                                                                 \
+                }                                                                             \
+                if (FAST_PV_F32(T, d)) {                                                      \
+                    pv64f((const float *)(vc + base), tok_stride, n, scratch + t0, len,       \
+                          &acc[0][0], g_n);                                                   \
+                    continue;                                                                 \
+                }                                                                             \
+                for (int64_t t = 0; t < n; ++t) {                                             \
+                    const T *vr = vc + base + t * tok_stride;                                 \
+                    for (int64_t i = 0; i < d; ++i) kf[i] = LOAD(vr[i]);                      \
+                    for (int64_t g = 0; g < g_n; ++g) {                                       \
+                        const float p = scratch[g * len + t0 + t];                            \
+                        for (int64_t i = 0; i < d; ++i) acc[g][i] += p * kf[i];               \
+                    }                                                                         \
+                }                                                                             \
+            }                                                                                 \
+            for (int64_t g = 0; g < g_n; ++g) {                                               \
+                T *oh = orow + (h * g_n + g) * d;                                             \
+                for (int64_t i = 0; i < d; ++i) oh[i] = STORE(acc[g][i] * inv[g]);            \
+            }                                                                                 \
+        }                                                                                     \
+    }                                                                                         \
+    return 0;                                                                                 \
+}                                                                                             \
+/* head sizes 64 and 128 get loops of a known trip count (fully vectorised) */               \
+int NAME(const T *q, int64_t q_tok_stride, T *out, int64_t out_tok_stride,                     \
+         const T *kc, const T *vc, const int32_t *tables, int64_t table_stride,              \
+         const int64_t *q_rows, const int64_t *seq_idx, const int64_t *lens, int64_t nseq,   \
+         int64_t hq, int64_t hkv, int64_t d, int64_t bs, float scale, float *scratch) {      \
+    if (d == 64)                                                                              \
+        return NAME##_impl(q, q_tok_stride, out, out_tok_stride, kc, vc, tables, table_stride, \
+                           q_rows, seq_idx, lens, nseq, hq, hkv, 64, bs, scale, scratch);    \
+    if (d == 128)                                                                             \
+        return NAME##_impl(q, q_tok_stride, out, out_tok_stride, kc, vc, tables, table_stride, \
+                           q_rows, seq_idx, lens, nseq, hq, hkv, 128, bs, scale, scratch);   \
+    return NAME##_impl(q, q_tok_stride, out, out_tok_stride, kc, vc, tables, table_stride,   \
+                       q_rows, seq_idx, lens, nseq, hq, hkv, d, bs, scale, scratch);         \
+}
+
+#define ID(x) (x)
+DEFINE_KERNEL(paged_decode_f32, float, ID, ID)
+DEFINE_KERNEL(paged_decode_bf16, uint16_t, bf2f, f2bf)
+
+
+/* Rotary embedding with torch's roundings (bit-identical to llama._rotate):
+   out = (swap_halves(x) * sin) + (x * cos), each product and the sum rounded to T.
+   q/k: rows of heads of size d (heads contiguous); cos/sin: [rows, d] contiguous. */
+#define DEFINE_ROTARY(NAME, T, LOAD, STORE)                                                    \
+static inline __attribute__((always_inline)) void NAME##_heads(                                 \
+        const T *x, T *o, int64_t nh, const int64_t d, const T *c, const T *s) {                \
+    const int64_t half = d / 2;                                                                 \
+    for (int64_t h = 0; h < nh; ++h) {                                                          \
+        const T *xh = x + h * d;                                                                \
+        T *oh = o + h * d;                                                                      \
+        for (int64_t i = 0; i < half; ++i) { /* two loops: each half vectorises */               \
+            const float a = LOAD(STORE(LOAD(xh[i + half]) * LOAD(s[i])));                       \
+            const float b = LOAD(STORE(LOAD(xh[i]) * LOAD(c[i])));                              \
+            oh[i] = STORE(a + b);                                                               \
+        }                                                                                       \
+        for (int64_t i = half; i < d; ++i) {                                                    \
+            const float a = LOAD(STORE(LOAD(xh[i - half]) * LOAD(s[i])));                       \
+            const float b = LOAD(STORE(LOAD(xh[i]) * LOAD(c[i])));                              \
+            oh[i] = STORE(a + b);                                                               \
+        }                                                                                       \
+    }                                                                                           \
+}                                                                                               \
+int NAME(const T *q, int64_t q_stride, int64_t hq, const T *k, int64_t k_stride, int64_t hk,    \
+         int64_t d, const T *cos, const T *sin, T *qo, T *ko, int64_t rows) {                   \
+    OMP(omp parallel for schedule(static) num_threads(kernel_nthreads))                         \
+    for (int64_t r = 0; r < rows; ++r) {                                                        \
+        const T *c = cos + r * d, *s = sin + r * d;                                             \
+        if (d == 64) {                                                                          \
+            NAME##_heads(q + r * q_stride, qo + r * hq * 64, hq, 64, c, s);                     \
+            NAME##_heads(k + r * k_stride, ko + r * hk * 64, hk, 64, c, s);                     \
+        } else {                                                                                \
+            NAME##_heads(q + r * q_stride, qo + r * hq * d, hq, d, c, s);                       \
+            NAME##_heads(k + r * k_stride, ko + r * hk * d, hk, d, c, s);                       \
+        }                                                                                       \
+    }                                                                                           \
+    return 0;                                                                                   \
+}
+DEFINE_ROTARY(rotary_f32, float, ID, ID)
+DEFINE_ROTARY(rotary_bf16, uint16_t, bf2f, f2bf)
+
+/* SiLU-and-mul of fused gate|up rows (gate = row[0:n], up = row[n:2n], row stride ld):
+   out = T(T(silu(gate)) * up), torch's two roundings (F.silu(gate).mul_(up)). silu(x) =
+   x / (1 + e^-x), written with e = exp(-|x|) <= 1 so it cannot overflow; the same result
+   as torch's within an ulp or two (its exp and ours differ in the last bits). */
+#define DEFINE_SILU_MUL(NAME, T, LOAD, STORE)                                                  \
+int NAME(const T *gu, int64_t ld, int64_t n, T *out, int64_t rows) {                            \
+    OMP(omp parallel for schedule(static) num_threads(kernel_nthreads))                         \
+    for (int64_t r = 0; r < rows; ++r) {                                                        \
+        const T *g = gu + r * ld, *u = g + n;                                                   \
+        T *o = out + r * n;                                                                     \
+        for (int64_t i = 0; i < n; ++i) {                                                       \
+            const float x = LOAD(g[i]);                                                         \
+            const float e = exp_neg(-__builtin_fabsf(x));                                       \
+            const float s = (x >= 0.0f ? x : x * e) / (1.0f + e);                               \
+            o[i] = STORE(LOAD(STORE(s)) * LOAD(u[i]));                                          \
+        }                                                                                       \
+    }                                                                                           \
+    return 0;                                                                                   \
+}
+DEFINE_SILU_MUL(silu_mul_f32, float, ID, ID)
+DEFINE_SILU_MUL(silu_mul_bf16, uint16_t, bf2f, f2bf)
+
+/* bfloat16 residual add + RMSNorm with HF LlamaRMSNorm's roundings:
+   residual = bf16(residual + hidden) (stored back; hidden may be NULL),
+   y = bf16(r * 1/sqrt(mean(r^2) + eps)) in fp32, out = bf16(weight * y). */
+static inline __attribute__((always_inline)) void add_rms_norm_row(
+        uint16_t *res, const uint16_t *hid, const uint16_t *w, uint16_t *out, const int64_t h, float eps,
+        float *rf) {
+    float ss = 0.0f;
+    if (hid) {
+        for (int64_t i = 0; i < h; ++i) { uint16_t r = f2bf(bf2f(res[i]) + bf2f(hid[i])); res[i] = r; rf[i] = bf2f(r); }
+    } else {
+        for (int64_t i = 0; i < h; ++i) rf[i] = bf2f(res[i]);
+    }
+    for (int64_t i = 0; i < h; ++i) ss += rf[i] * rf[i];
+    const float inv = 1.0f / __builtin_sqrtf(ss / (float)h + eps);
+    for (int64_t i = 0; i < h; ++i) out[i] = f2bf(bf2f(w[i]) * bf2f(f2bf(rf[i] * inv)));
+}
+
+/* float32: residual += hidden (stored back; hidden may be NULL), out = w * (r * 1/sqrt(mean(r^2)
+   + eps)), HF's two products; only the order of the sum of squares differs from torch's. */
+static inline __attribute__((always_inline)) void add_rms_norm_row_f32(
+        float *res, const float *hid, const float *w, float *out, const int64_t h, float eps) {
+    float ss = 0.0f;
+    if (hid) for (int64_t i = 0; i < h; ++i) res[i] = res[i] + hid[i];
+    for (int64_t i = 0; i < h; ++i) ss += res[i] * res[i];
+    const float inv = 1.0f / __builtin_sqrtf(ss / (float)h + eps);
+    for (int64_t i = 0; i < h; ++i) out[i] = w[i] * (res[i] * inv);
+}
+
+int add_rms_norm_f32(float *res, const float *hid, const float *w, float *out, int64_t rows, int64_t h, float eps) {
+    OMP(omp parallel for schedule(static) num_threads(kernel_nthreads))
+    for (int64_t r = 0; r < rows; ++r) {
+        if (h == 576) add_rms_norm_row_f32(res + r * h, hid ? hid + r * h : 0, w, out + r * h, 576, eps);
+        else add_rms_norm_row_f32(res + r * h, hid ? hid + r * h : 0, w, out + r * h, h, eps);
+    }
+    return 0;
+}
+
+int add_rms_norm_bf16(uint16_t *res, const uint16_t *hid, const uint16_t *w, uint16_t *out,
+                      int64_t rows, int64_t h, float eps) {
+    if (h > 8192) return -1;
+    OMP(omp parallel for schedule(static) num_threads(kernel_nthreads))
+    for (int64_t r = 0; r < rows; ++r) {
+        float rf[8192];
+        if (h == 576) add_rms_norm_row(res + r * h, hid ? hid + r * h : 0, w, out + r * h, 576, eps, rf);
+        else add_rms_norm_row(res + r * h, hid ? hid + r * h : 0, w, out + r * h, h, eps, rf);
+    }
+    return 0;
+}
