@@ -35,9 +35,9 @@ def build_engine(s: WorkerSettings):
 
 
 def set_cpu_threads(s: WorkerSettings) -> int:
-    """torch's CPU threads for the engine, set before it loads (its kernel choices read
-    them: the single-threaded C kernels run only at one thread). With 2 cores that is 1:
-    the other core runs intake, publishing and Redis instead of fighting the forward."""
+    """torch's CPU threads for the engine (the C kernels follow the same count), set before
+    it loads. Default all cores but one; with 2 cores that is 1: the other core runs intake,
+    publishing and Redis instead of fighting the forward."""
     import torch
 
     n = s.torch_threads
