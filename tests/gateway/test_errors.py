@@ -28,7 +28,7 @@ def chat(url: str, **body) -> httpx.Response:
     ({"temperature": 5.0}, "temperature"),
     ({"max_tokens": 0}, "max_tokens"),
     ({"messages": []}, "messages"),
-    ({"n": 2}, "n=1"),
+    ({"n": 17}, "n=17 exceeds the limit"),
     ({"stop": ["a"] * 20}, "stop"),
     ({"messages": [{"role": "wizard", "content": "x"}]}, "role"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "image_url"),

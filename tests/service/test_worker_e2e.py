@@ -175,7 +175,6 @@ BAD = [
     (json.dumps({"id": "bad-model", "model": "other-model", "prompt": "x"}), "bad-model", "unknown_model", "other-model"),
     (_j(id="bad-long", prompt_token_ids=[5] * 600), "bad-long", "prompt_too_long", "600 tokens"),
     (_j(id="bad-vocab", prompt_token_ids=[10**6]), "bad-vocab", "invalid_prompt", "vocabulary"),
-    (_j(id="bad-n", prompt="x", sampling={"n": 2, "temperature": 1}), "bad-n", "unsupported", "n > 1"),
     (b'{"id": "bad-utf8", "model": "' + MODEL.encode() + b'", "prompt": "\xff\xfe"}', "bad-utf8", "invalid_job", "invalid job"),
 ]
 
