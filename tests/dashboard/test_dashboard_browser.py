@@ -110,6 +110,13 @@ def submit(url: str, prompt: str, max_tokens: int) -> str:
     return r.json()["id"]
 
 
+def save_json(url: str, path: str, to) -> dict:
+    """A view's answer as an artefact (docs/dashboard.md's examples come from these)."""
+    body = httpx.get(f"{url}{path}", headers={"Authorization": f"Bearer {OPERATOR}"}, timeout=10).json()
+    to.write_text(json.dumps(body, indent=2))
+    return body
+
+
 def test_dashboard_in_a_browser(tiny, tmp_path):
     from selenium.webdriver.common.by import By
 
@@ -135,6 +142,8 @@ def test_dashboard_in_a_browser(tiny, tmp_path):
             wait_for(lambda: any(r[0] == "wa" and "alive" in r[2] and r[5] != "-" for r in cells(driver, "worker-table")),
                      "worker wa with its KV usage")
             driver.save_screenshot(str(shots / "backlog.png"))
+            save_json(url, "/dashboard/api/queues", shots / "queues.json")
+            save_json(url, "/dashboard/api/workers", shots / "workers.json")
             wait_for(lambda: all(story.info(j).get("status") == "done" for j in jobs), "the backlog done")
             wait_for(lambda: (r := queue_row(driver)) and r[1] == "0" and r[2] == "0", "the backlog drained on the page")
             workers = cells(driver, "worker-table")
@@ -160,6 +169,8 @@ def test_dashboard_in_a_browser(tiny, tmp_path):
             assert kinds[0] == "queued0" and {"started1", "started2", "first_token2", "done2"} <= set(kinds)
             assert text_of(driver, "job-text").strip()
             driver.save_screenshot(str(shots / "job-two-attempts.png"))
+            save_json(url, f"/dashboard/api/jobs/{j1}", shots / "job.json")
+            save_json(url, "/dashboard/api/series", shots / "series.json")
 
             # 3. DLQ: a job whose worker dies, taken by a worker allowing one delivery,
             # is dead-lettered; retried from the page, it completes.
@@ -172,6 +183,7 @@ def test_dashboard_in_a_browser(tiny, tmp_path):
                             "j2 in the DLQ table")
             assert dead[3] == "max_deliveries", dead
             driver.save_screenshot(str(shots / "dlq.png"))
+            save_json(url, "/dashboard/api/dlq", shots / "dlq.json")
             assert click_button(driver, "dlq-retry", j2)
             wait_for(lambda: not any(r[2] == j2 for r in cells(driver, "dlq-table")), "j2 gone from the DLQ table")
             driver.get(f"{url}/dashboard#job={j2}")
@@ -193,6 +205,7 @@ def test_dashboard_in_a_browser(tiny, tmp_path):
                            "the batch part done")
             assert mid[5] == "6"
             driver.save_screenshot(str(shots / "batch-progress.png"))
+            save_json(url, "/dashboard/api/batches", shots / "batches.json")
             done = wait_for(lambda: (r := batch_row()) and r[1] == "completed" and r, "the batch completed")
             assert done[3] == "6" and done[4] == "0"
             driver.get(f"{url}/dashboard")
