@@ -19,7 +19,10 @@ def big(redis_server, tmp_path_factory):
     r = redis.Redis.from_url(redis_server.url)
     r.flushall()
     ids = scale.fill(r)
-    with running_gateway(redis_server.url, files_dir=str(tmp_path_factory.mktemp("files"))) as url:
+    # The charts' sampler reads Redis in the background (once when first woken, then every
+    # dashboard_sample_s): an hour apart here, so it does not add to the views' counts.
+    with running_gateway(redis_server.url, files_dir=str(tmp_path_factory.mktemp("files")),
+                         dashboard_sample_s=3600.0) as url:
         with httpx.Client(base_url=url, timeout=60) as c:
             yield r, c, ids
     r.flushall()
@@ -35,7 +38,10 @@ def test_each_view_costs_a_bounded_number_of_redis_commands(big):
         c.get(path).raise_for_status()  # warm: the model list is cached after the first view
     budget = {"queues": 3 * n_lanes + 10, "workers": 5, "series": 2, "dlq": 5, "job": 3, "batches": 3}
     for name, path in paths.items():
-        calls = scale.cost(r, lambda: c.get(path).raise_for_status())
+        # INFO commandstats counts the whole server: of three calls keep the cheapest, so
+        # the sampler's one sample (taken when the first view woke it) cannot land in all.
+        calls = min((scale.cost(r, lambda: c.get(path).raise_for_status()) for _ in range(3)),
+                    key=lambda x: sum(x.values()))
         assert "keys" not in calls and "scan" not in calls, (name, calls)
         assert sum(calls.values()) <= budget[name], (name, calls)
 

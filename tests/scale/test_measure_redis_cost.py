@@ -36,4 +36,8 @@ def test_measure_redis_cost_smoke(tmp_path):
     assert ev["bytes_in"] > 0 and ev["cpu_us"] > 0
     job = d["per_job"]
     assert job["calls"]["evalsha"] == 1.0 and job["calls"]["xack"] == 1.0 and job["calls"]["xdel"] == 1.0
-    assert d["lease_refresh_round"]["calls"] == {"xclaim": 1.0, "xpending": 1.0}
+    # One XPENDING + one XCLAIM per round; the live worker's own polls (an XREADGROUP, a
+    # SMEMBERS now and then) share the server's counters, so they may show as small fractions.
+    lease_calls = dict(d["lease_refresh_round"]["calls"])
+    assert lease_calls.pop("xclaim") == 1.0 and lease_calls.pop("xpending") == 1.0, d["lease_refresh_round"]
+    assert all(v < 0.1 for v in lease_calls.values()), lease_calls
