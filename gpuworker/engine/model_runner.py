@@ -240,7 +240,7 @@ class ModelRunner:
         ids, positions, meta, rows_idx, sampling, qsl = self.build_metadata(sched, kv)
         scheduled = sched.scheduled
         reqs = [scheduled[i].request for i in sampling]
-        shaped = any(r.params.shapes_logits for r in reqs)
+        shaped = any(r.shapes_logits for r in reqs)
         # Grammar masks are filled on a helper thread while the forward runs.
         pending = self._shaper().begin(reqs) if shaped else None
         t1 = time.perf_counter()

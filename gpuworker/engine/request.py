@@ -33,7 +33,7 @@ class Request:
         "plain_greedy", "finishing_token_ids", "wants_logprobs", "max_tokens", "all_token_ids",
         "output_token_ids", "prompt_logprobs", "prompt_logprobs_sent", "num_computed_tokens",
         "num_cached_tokens", "num_preemptions", "status", "finish_reason", "block_hashes", "generator",
-        "detokenizer", "penalty_tokens", "matcher", "bias_tensors",
+        "detokenizer", "penalty_tokens", "matcher", "bias_tensors", "shapes_logits",
     )
 
     def __init__(
@@ -57,6 +57,7 @@ class Request:
         # Greedy, no logprobs, no penalties: the model runner's argmax fast path.
         # Worked out once here, not per step.
         self.plain_greedy = _is_plain_greedy(params)
+        self.shapes_logits = params.shapes_logits  # bias, min_tokens or a constraint (logits_shaping)
         # Token ids that may end the request (stop tokens, plus EOS unless ignored):
         # one set test per sampled token instead of two reads of the params.
         self.finishing_token_ids = frozenset(params.stop_token_ids or ()) | (

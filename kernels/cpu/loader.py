@@ -105,7 +105,9 @@ def sync_threads(lib: ctypes.CDLL) -> None:
 
 
 def source(stem: str) -> str:
-    return (SOURCE_DIR / f"{stem}.c").read_text()
+    """The file's text with the shared threads.h inlined: what is hashed is what is built."""
+    text = (SOURCE_DIR / f"{stem}.c").read_text()
+    return text.replace('#include "threads.h"\n', (SOURCE_DIR / "threads.h").read_text())
 
 
 def build(stem: str, flags: list[str]) -> ctypes.CDLL | None:
