@@ -60,3 +60,21 @@ def wait_for(pred, timeout: float = 30, interval: float = 0.05, what: str = "con
             return v
         time.sleep(interval)
     raise TimeoutError(f"timed out waiting for {what}")
+
+
+def paced_worker(module_redis, tiny_model, tmp_path_factory, model: str, worker_id: str):
+    """A module's worker on the tiny model, paced at 10 ms per step: a 400-token job runs at
+    least 4 s on any machine, so cancel and deadline tests always catch it mid-generation."""
+    w = WorkerProc(module_redis.url, tiny_model, model, tmp_path_factory.mktemp("wlog"), worker_id,
+                   "--step-pace-s", "0.01", metrics=True)
+    w.wait_ready()
+    yield w
+    w.terminate()
+
+
+def module_producer(module_redis, model: str):
+    from producer import Producer
+
+    prod = Producer(module_redis.url, default_model=model, max_backlog=1000)
+    yield prod
+    prod.close()

@@ -9,7 +9,7 @@ import redis
 from producer import Producer
 from schemas import keys
 from schemas.events import decode_event
-from tests.service.conftest import wait_for
+from tests.service.conftest import module_producer, paced_worker, wait_for
 from tests.workers import WorkerProc
 
 MODEL = "tiny-nchoices"
@@ -17,19 +17,12 @@ MODEL = "tiny-nchoices"
 
 @pytest.fixture(scope="module")
 def worker(module_redis, tiny_model, tmp_path_factory):
-    # Paced at 10 ms per step: a 400-token job runs at least 4 s, so the cancel lands mid-generation.
-    w = WorkerProc(module_redis.url, tiny_model, MODEL, tmp_path_factory.mktemp("wlog"), "nch-1",
-                   "--step-pace-s", "0.01", metrics=True)
-    w.wait_ready()
-    yield w
-    w.terminate()
+    yield from paced_worker(module_redis, tiny_model, tmp_path_factory, MODEL, "nch-1")
 
 
 @pytest.fixture
 def p(module_redis):
-    prod = Producer(module_redis.url, default_model=MODEL, max_backlog=1000)
-    yield prod
-    prod.close()
+    yield from module_producer(module_redis, MODEL)
 
 
 def test_reply_stream_of_n3_job(worker, p, module_redis):

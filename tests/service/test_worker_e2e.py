@@ -12,7 +12,7 @@ import redis
 from producer import AsyncProducer, JobFailed, Producer
 from schemas import Job, SamplingParams, keys
 
-from tests.service.conftest import wait_for
+from tests.service.conftest import module_producer, paced_worker, wait_for
 from tests.workers import WorkerProc
 
 MODEL = "tiny-e2e"
@@ -20,20 +20,12 @@ MODEL = "tiny-e2e"
 
 @pytest.fixture(scope="module")
 def worker(module_redis, tiny_model, tmp_path_factory):
-    # Paced at 10 ms per step: a 400-token job runs at least 4 s on any machine, so
-    # the cancel and deadline tests always catch it mid-generation.
-    w = WorkerProc(module_redis.url, tiny_model, MODEL, tmp_path_factory.mktemp("wlog"), "e2e-1",
-                   "--step-pace-s", "0.01", metrics=True)
-    w.wait_ready()
-    yield w
-    w.terminate()
+    yield from paced_worker(module_redis, tiny_model, tmp_path_factory, MODEL, "e2e-1")
 
 
 @pytest.fixture
 def p(module_redis):
-    prod = Producer(module_redis.url, default_model=MODEL, max_backlog=1000)
-    yield prod
-    prod.close()
+    yield from module_producer(module_redis, MODEL)
 
 
 @pytest.fixture
