@@ -6,11 +6,9 @@ from __future__ import annotations
 import pytest
 import redis
 
-from producer import Producer
 from schemas import keys
 from schemas.events import decode_event
 from tests.service.conftest import module_producer, paced_worker, wait_for
-from tests.workers import WorkerProc
 
 MODEL = "tiny-nchoices"
 

@@ -9,11 +9,10 @@ import time
 import pytest
 import redis
 
-from producer import AsyncProducer, JobFailed, Producer
+from producer import AsyncProducer, JobFailed
 from schemas import Job, SamplingParams, keys
 
 from tests.service.conftest import module_producer, paced_worker, wait_for
-from tests.workers import WorkerProc
 
 MODEL = "tiny-e2e"
 
