@@ -205,7 +205,8 @@ def test_a_thousand_distinct_schemas_keep_the_compile_cache_bounded(stack):
 def test_async_sdk_and_batch_api_lines_carry_the_constraint(stack, client):
     import asyncio
     import io
-    import time
+
+    from tests.gateway.test_batch_api import wait_status
 
     from producer import AsyncProducer
 
@@ -229,11 +230,7 @@ def test_async_sdk_and_batch_api_lines_carry_the_constraint(stack, client):
              for cid, b in (("good", body), ("bad", bad))]
     f = client.files.create(file=("so.jsonl", io.BytesIO("\n".join(lines).encode() + b"\n")), purpose="batch")
     b = client.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h")
-    end = time.monotonic() + 300
-    while b.status not in ("completed", "failed", "cancelled", "expired"):
-        assert time.monotonic() < end, b
-        time.sleep(0.2)  # polling an observed state, not a pace assumption
-        b = client.batches.retrieve(b.id)
+    b = wait_status(client, b.id, {"completed", "failed", "cancelled", "expired"})
     assert b.status == "completed" and b.request_counts.completed == 1 and b.request_counts.failed == 1
     out = [json.loads(x) for x in client.files.content(b.output_file_id).text.splitlines() if x]
     answer = out[0]["response"]["body"]["choices"][0]["message"]["content"]
