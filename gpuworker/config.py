@@ -61,6 +61,9 @@ class EngineConfig:
     cpu_kernels: Optional[bool] = None
     # Structured outputs: compiled grammars kept per process (LRU; a deep copy per request).
     grammar_cache_size: int = 256
+    # Speculative decoding (gpuworker/engine/speculative/): None = off; a dict / JSON
+    # string / SpeculativeConfig, e.g. {"method": "ngram", "k": 4}.
+    speculative: Optional[object] = None
 
     # Default KV budget on CPU, where there is no memory profiling to do.
     CPU_KV_CACHE_BYTES = 2 * 1024**3
@@ -74,6 +77,10 @@ class EngineConfig:
             raise ValueError("max_num_batched_tokens must be at least 1")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError("gpu_memory_utilization must be in (0, 1]")
+        if self.speculative is not None:
+            from gpuworker.engine.speculative.config import SpeculativeConfig
+
+            self.speculative = SpeculativeConfig.parse(self.speculative)  # a clear error at construction
 
     def resolved_device(self) -> torch.device:
         if self.device:

@@ -84,8 +84,13 @@ class WorkerMetrics:
         self.grammar_cache_hits = grammar_cache.labels(model_name, "hit")
         self.grammar_cache_misses = grammar_cache.labels(model_name, "miss")
         self.grammar_cache_entries = g("inferq:grammar_cache_entries", "Compiled grammars held in the worker's cache.")
+        # Speculative decoding (vLLM's vllm:spec_decode_* counters).
+        self.spec_drafts = c("inferq:spec_decode_num_drafts", "Proposals verified (one request, one step).")
+        self.spec_draft_tokens = c("inferq:spec_decode_num_draft_tokens", "Tokens proposed and verified.")
+        self.spec_accepted_tokens = c("inferq:spec_decode_num_accepted_tokens", "Proposed tokens the target model accepted.")
+        self.spec_acceptance = g("inferq:spec_decode_acceptance_rate", "Accepted / proposed tokens since the engine started (0 when none).")
         self.config = Info("inferq:worker_config", "Worker and engine configuration.", registry=reg)
-        self._last_totals = {"q": 0, "h": 0, "pk": 0, "pp": 0, "pt": 0, "gt": 0}
+        self._last_totals = {"q": 0, "h": 0, "pk": 0, "pp": 0, "pt": 0, "gt": 0, "sd": 0, "st": 0, "sa": 0}
 
     def grammar_compiled(self, seconds: float, cache_hit: bool, entries: int) -> None:
         self.grammar_cache_entries.set(entries)
@@ -118,10 +123,17 @@ class WorkerMetrics:
             ("pp", self.preemptions_priority, priority),
             ("pt", self.prompt_tokens, stats.num_prompt_tokens),
             ("gt", self.generation_tokens, stats.num_generated_tokens),
-        ):
+        ) + self._spec_totals(stats.spec):
             if total > last[key]:
                 counter.inc(total - last[key])
             last[key] = total  # an engine rebuilt after a fault starts again from 0
+
+    def _spec_totals(self, spec) -> tuple:
+        if spec is None:
+            return ()
+        self.spec_acceptance.set(spec.acceptance_rate)
+        return (("sd", self.spec_drafts, spec.num_drafts), ("st", self.spec_draft_tokens, spec.num_draft_tokens),
+                ("sa", self.spec_accepted_tokens, spec.num_accepted_tokens))
 
     def serve(self, port: int, addr: str = "0.0.0.0"):
         """Serve /metrics on ``port``; returns the server (or None if port is 0)."""

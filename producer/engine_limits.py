@@ -55,6 +55,9 @@ class Sample:
     step_seconds: float = 0.0
     consumer_lag: float = 0.0
     in_flight: float = 0.0
+    spec_drafts: float = 0.0  # speculative decoding: verifications, proposed and accepted tokens
+    spec_draft_tokens: float = 0.0
+    spec_accepted_tokens: float = 0.0
     config: dict = field(default_factory=dict)
 
     @classmethod
@@ -89,6 +92,9 @@ class Sample:
             step_seconds=one("inferq:engine_step_seconds_sum"),
             consumer_lag=one("inferq:consumer_lag"),
             in_flight=one("inferq:jobs_in_flight"),
+            spec_drafts=one("inferq:spec_decode_num_drafts_total"),
+            spec_draft_tokens=one("inferq:spec_decode_num_draft_tokens_total"),
+            spec_accepted_tokens=one("inferq:spec_decode_num_accepted_tokens_total"),
             config=config,
         )
 
@@ -121,6 +127,22 @@ def _int(config: dict, key: str) -> Optional[int]:
         return None
 
 
+def _speculation(before: Sample, after: Sample, cfg: dict) -> dict:
+    """Speculative decoding's readings: whether it is on, and in the window how many
+    tokens were proposed, the share accepted, and tokens gained per verification."""
+    on = cfg.get("speculative_config") not in (None, "", "None")
+    out: dict = {"speculative": cfg.get("speculative_config") if on else "off"}
+    if not on:
+        return out
+    drafts = max(0.0, after.spec_drafts - before.spec_drafts)
+    proposed = max(0.0, after.spec_draft_tokens - before.spec_draft_tokens)
+    accepted = max(0.0, after.spec_accepted_tokens - before.spec_accepted_tokens)
+    out["spec_proposed_tokens_in_window"] = proposed
+    out["spec_acceptance_rate"] = round(accepted / proposed, 3) if proposed else None
+    out["spec_accepted_per_verification"] = round(accepted / drafts, 2) if drafts else None
+    return out
+
+
 def diagnose(before: Sample, after: Sample) -> Report:
     cfg = after.config or before.config
     max_seqs = _int(cfg, "max_num_seqs")
@@ -147,6 +169,7 @@ def diagnose(before: Sample, after: Sample) -> Report:
         "max_num_seqs": max_seqs, "max_num_batched_tokens": budget, "num_kv_blocks": blocks,
         "block_size": block_size, "eos_token_ids": cfg.get("eos_token_ids"), "dtype": cfg.get("dtype"),
     }
+    readings.update(_speculation(before, after, cfg))
     findings: list[Finding] = []
     if d_preempt > 0 or (after.kv_usage >= 0.9 and backlog > 0):
         more = f"--num-kv-blocks {math.ceil(blocks * 1.5)}" if blocks else "a larger --num-kv-blocks"

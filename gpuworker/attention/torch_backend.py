@@ -35,6 +35,8 @@ from gpuworker.attention.base import AttentionBackend, AttentionMetadata, KVCach
 
 # Above this many score elements per prefill chunk, use SDPA instead of materialising scores.
 _MAX_EXPLICIT_SCORES = 32 * 1024 * 1024
+# Chunks of at most this many rows after a context go to the C decode kernel row by row.
+_NATIVE_MAX_VERIFY_ROWS = 17
 # Start a new decode group when it saves at least this many gathered blocks.
 _MIN_GROUP_SAVING_BLOCKS = 64
 
@@ -149,7 +151,10 @@ class TorchAttentionBackend(AttentionBackend):
                     n_rows.append(row)
                     n_seqs.append(i)
                     n_lens.append(s_len)
-            elif native and q_len == s_len and self.native_prefill:
+            elif native and (q_len <= _NATIVE_MAX_VERIFY_ROWS or q_len == s_len and self.native_prefill):
+                # A few rows after a context (a speculative decode verifying its proposals)
+                # are decode rows each seeing one more key: the same kernel, the same sums,
+                # so a verified token's logits equal a plain decode's.
                 n_rows.extend(range(row, row + q_len))
                 n_seqs.extend([i] * q_len)
                 n_lens.extend(range(s_len - q_len + 1, s_len + 1))

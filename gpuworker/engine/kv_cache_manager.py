@@ -136,6 +136,23 @@ class KVCacheManager:
             self.pool.cache_block(blocks[i], req.block_hashes[i])
         self._num_cached_blocks[req.request_id] = n_full
 
+    def free_surplus(self, req: Request) -> None:
+        """Give back blocks past the request's known tokens: the slots of proposals
+        that speculative decoding rejected (they hold no cached prefix: only full
+        blocks of computed, known tokens are ever registered)."""
+        blocks = self.req_blocks.get(req.request_id)
+        if not blocks:
+            return
+        keep = -(-req.num_tokens // self.block_size)
+        if len(blocks) <= keep:
+            return
+        surplus = blocks[keep:]
+        del blocks[keep:]
+        # A new list: the runner's persistent table rewrites the row of a new list, where an
+        # in-place shrink that grew back to the same length with other blocks would look unchanged.
+        self.req_block_ids[req.request_id] = self.req_block_ids[req.request_id][:keep]
+        self.pool.free(reversed(surplus))
+
     def free(self, req: Request) -> None:
         blocks = self.req_blocks.pop(req.request_id, None)
         self.req_block_ids.pop(req.request_id, None)

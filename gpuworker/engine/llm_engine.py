@@ -5,6 +5,7 @@ Not thread-safe: one thread owns an engine and calls ``step()`` in a loop
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from typing import Optional
@@ -23,10 +24,22 @@ from gpuworker.engine.penalty_tokens import PenaltyTokens
 from gpuworker.engine.request import Request, RequestStatus
 from gpuworker.engine.sampler import make_generator
 from gpuworker.engine.scheduler import Scheduler
+from gpuworker.engine.speculative.factory import make_spec_decoder
 from gpuworker.models.loader import load_model
 from schemas import SamplingParams
 
 log = logging.getLogger(__name__)
+
+
+def _merge(first: RequestDelta, later: RequestDelta) -> RequestDelta:
+    """Two deltas of one request in one step (speculation emits several tokens) as one."""
+    later.new_token_ids = first.new_token_ids + later.new_token_ids
+    later.new_text = first.new_text + later.new_text
+    if first.logprobs is not None:
+        later.logprobs = first.logprobs + (later.logprobs or [])
+    if first.prompt_logprobs is not None:
+        later.prompt_logprobs = first.prompt_logprobs
+    return later
 _FINISHED = RequestStatus.FINISHED  # a module constant: an Enum member lookup costs ~0.2 us
 
 
@@ -88,6 +101,7 @@ class LLMEngine:
                                   self.max_model_len, config.max_num_seqs, self.device)
             if graphs.capture():
                 self.runner.graphs = graphs
+        self.spec = make_spec_decoder(config.speculative, self) if config.speculative else None
         self.requests: dict[str, Request] = {}
         self._with_deadline: set[str] = set()
         self.num_steps = 0
@@ -166,6 +180,8 @@ class LLMEngine:
         req = Request(request_id, prompt_token_ids, params, priority, arrival_time, deadline, self.eos_token_ids)
         req.matcher = matcher
         req.generator = make_generator(params.seed, self.device)
+        if self.spec is not None and params.seed is not None:
+            req.token_seed, req.generator = params.seed, None  # see speculative.verify.token_generator
         req.detokenizer = IncrementalDetokenizer(self.tokenizer, req.prompt_token_ids, params)
         if params.uses_penalties:
             req.penalty_tokens = PenaltyTokens(req.prompt_token_ids, self.model_config.vocab_size, self.device,
@@ -190,12 +206,21 @@ class LLMEngine:
     def step(self) -> list[RequestDelta]:
         t0 = time.perf_counter()
         deltas = self._expire_deadlines()
+        spec = self.spec
+        if spec is not None:
+            spec.propose(self.scheduler.running)
         sched = self.scheduler.schedule()
         if not sched:
+            if spec is not None:
+                spec.end_step()
             return deltas
         t1 = time.perf_counter()
         sampled = self.runner.execute(sched, self.kv)
         t2 = time.perf_counter()
+        if sampled.num_spec is not None:
+            return self._step_speculative(sched, sampled, deltas, t0, t1, t2)
+        if spec is not None:
+            spec.end_step()
         kv = self.kv
         caching = kv.enable_caching
         prompt_tokens = 0
@@ -213,6 +238,47 @@ class LLMEngine:
             if d is not None:
                 append(d)
         # Host time split of this step (seconds), read by `inferq bench offline --step`.
+        self.last_step_times = (t1 - t0, self.runner.last_times, time.perf_counter() - t2)
+        return deltas
+
+    def _step_speculative(self, sched, sampled, deltas, t0, t1, t2) -> list[RequestDelta]:
+        """The rest of a step in which some requests verified proposals: their KV
+        past the accepted tokens is dropped before anything is cached, then every
+        request's tokens go through ``_on_token`` one by one (stops, EOS, max_tokens
+        apply to each accepted token) and become one delta per request."""
+        spec, kv = self.spec, self.kv
+        for req, ns, tokens in zip(sampled.requests, sampled.num_spec, sampled.token_ids):
+            if ns:
+                accepted = len(tokens) - 1
+                req.num_computed_tokens -= ns - accepted  # the rejected proposals' KV is garbage now
+                spec.verified(req, ns, accepted)
+        spec.end_step()
+        prompt_tokens = 0
+        for s in sched.scheduled:
+            if kv.enable_caching:
+                kv.cache_computed_blocks(s.request)
+            before, n_prompt = s.num_computed_before, s.request.num_prompt_tokens
+            if before < n_prompt:
+                prompt_tokens += min(before + s.num_new_tokens, n_prompt) - before
+        self.num_steps += 1
+        self.num_prompt_tokens += prompt_tokens
+        on_token = self._on_token
+        for req, ns, tokens, lps in zip(sampled.requests, sampled.num_spec, sampled.token_ids, sampled.logprobs):
+            if not ns:
+                d = on_token(req, tokens, lps)
+            else:
+                d = None
+                for token, lp in zip(tokens, lps):
+                    step_delta = on_token(req, token, lp)
+                    if step_delta is None:
+                        break
+                    d = step_delta if d is None else _merge(d, step_delta)
+                    if d.finished:
+                        break
+                if not req.is_finished:
+                    kv.free_surplus(req)
+            if d is not None:
+                deltas.append(d)
         self.last_step_times = (t1 - t0, self.runner.last_times, time.perf_counter() - t2)
         return deltas
 
@@ -266,6 +332,8 @@ class LLMEngine:
 
     def _finish(self, req, reason, tokens, text, lps, stop_reason=None, plp=None) -> RequestDelta:
         self.scheduler.finish(req, reason)
+        if self.spec is not None:
+            self.spec.finished(req.request_id)
         self.requests.pop(req.request_id, None)
         self._with_deadline.discard(req.request_id)
         return RequestDelta(
@@ -304,6 +372,7 @@ class LLMEngine:
             num_generated_tokens=self.num_generated_tokens,
             num_prompt_tokens=self.num_prompt_tokens,
             num_priority_preemptions=self.scheduler.num_priority_preemptions,
+            spec=None if self.spec is None else dataclasses.replace(self.spec.stats),  # a snapshot
         )
 
     def check_invariants(self) -> None:

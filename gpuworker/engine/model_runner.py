@@ -33,6 +33,7 @@ from gpuworker.engine.logits_shaping import LogitsShaper
 from gpuworker.engine.prompt_logprobs import collect_prompt_logprobs
 from gpuworker.engine.sampler import Sampler, SamplingRow, greedy_argmax
 from gpuworker.engine.scheduler import SchedulerOutput
+from gpuworker.engine.speculative.verify import expand_rows, row_generator, split_rows
 
 
 @dataclass
@@ -43,6 +44,10 @@ class SampledTokens:
     requests: list = field(default_factory=list)
     token_ids: list[int] = field(default_factory=list)
     logprobs: list = field(default_factory=list)  # None per row unless it asked for logprobs
+    # Set when some request verified proposals this step: per request how many it
+    # proposed; the token_ids / logprobs entries of those with > 0 are then lists of
+    # every token they emit (accepted proposals, then the target's own token).
+    num_spec: Optional[list[int]] = None
 
 
 @dataclass
@@ -162,6 +167,7 @@ class ModelRunner:
         b = len(scheduled)
         # One pass over the schedule (256 rows at batch 256): plain lists, then arrays.
         rids, starts_l, q_lens_l, input_ids, sampling = [], [], [], [], []
+        speculating = False
         for i, s in enumerate(scheduled):
             req = s.request
             start, n = s.num_computed_before, s.num_new_tokens
@@ -170,6 +176,10 @@ class ModelRunner:
             q_lens_l.append(n)
             if n == 1:
                 input_ids.append(req.all_token_ids[start])
+            elif s.num_spec:  # its last known token, then the proposed ones
+                input_ids.extend(req.all_token_ids[start : start + n - s.num_spec])
+                input_ids.extend(req.spec_token_ids)
+                speculating = True
             else:
                 input_ids.extend(req.all_token_ids[start : start + n])
             if s.samples:
@@ -192,7 +202,10 @@ class ModelRunner:
         table = self.tables.table
         slots = table[seq_rows, positions // bs] * bs + positions % bs
         sample_rows = qsl[1:] - 1
-        if len(sampling) != b:
+        if speculating:  # a speculating request samples at its last k + 1 rows
+            sample_rows = np.array([r for i in sampling for r in range(int(sample_rows[i]) - scheduled[i].num_spec,
+                                                                       int(sample_rows[i]) + 1)], dtype=np.int64)
+        elif len(sampling) != b:
             sample_rows = sample_rows[sampling]
         ns = len(sample_rows)
 
@@ -240,9 +253,13 @@ class ModelRunner:
         ids, positions, meta, rows_idx, sampling, qsl = self.build_metadata(sched, kv)
         scheduled = sched.scheduled
         reqs = [scheduled[i].request for i in sampling]
+        num_spec = [scheduled[i].num_spec for i in sampling]
+        speculating = any(num_spec)
+        # One entry per logits row: a speculating request has one per verified position.
+        row_reqs, row_offsets = expand_rows(reqs, num_spec) if speculating else (reqs, None)
         shaped = any(r.shapes_logits for r in reqs)
         # Grammar masks are filled on a helper thread while the forward runs.
-        pending = self._shaper().begin(reqs) if shaped else None
+        pending = self._shaper().begin(row_reqs) if shaped else None
         t1 = time.perf_counter()
         if self.graphs is not None and self.graphs.can_run(meta):
             hidden = self.graphs.run(ids, positions, meta)
@@ -267,20 +284,32 @@ class ModelRunner:
             # in the logits' own dtype (on CPU a blocked, vectorised argmax; see
             # sampler.greedy_argmax); one device->host copy.
             token_ids = greedy_argmax(logits).tolist()
-            lps: list = [None] * len(reqs)
+            lps: list = [None] * len(row_reqs)
         else:
             if shaped:
                 logits = logits.float()
-                self.shaper.apply(logits, reqs, pending)
-            rows = [
-                SamplingRow(params=r.params, prompt_token_ids=r.prompt_token_ids,
-                            output_token_ids=r.output_token_ids, generator=r.generator,
-                            penalty_tokens=r.penalty_tokens)
-                for r in reqs
-            ]
+                self.shaper.apply(logits, row_reqs, pending)
+            if speculating:  # later positions see the drafts before them as output
+                rows = [
+                    SamplingRow(params=r.params, prompt_token_ids=r.prompt_token_ids,
+                                output_token_ids=r.output_token_ids + r.spec_token_ids[:j] if j else r.output_token_ids,
+                                generator=row_generator(r, j, self.device), penalty_tokens=r.penalty_tokens)
+                    for r, j in zip(row_reqs, row_offsets)
+                ]
+            else:
+                rows = [
+                    SamplingRow(params=r.params, prompt_token_ids=r.prompt_token_ids,
+                                output_token_ids=r.output_token_ids,
+                                generator=r.generator if r.token_seed is None else row_generator(r, 0, self.device),
+                                penalty_tokens=r.penalty_tokens)
+                    for r in reqs
+                ]
             out = self.sampler(logits.float(), rows, owned=True)  # fresh from the LM head, read once
             token_ids, lps = out.token_ids, out.logprobs
         self.num_device_syncs += 1
         times.sample = time.perf_counter() - t2
         times.syncs = self.num_device_syncs - syncs_before
+        if speculating:
+            token_ids, lps = split_rows(token_ids, lps, reqs, num_spec)
+            return SampledTokens(reqs, token_ids, lps, num_spec)
         return SampledTokens(reqs, token_ids, lps)

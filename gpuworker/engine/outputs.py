@@ -69,3 +69,5 @@ class EngineStats:
     # Of num_preemptions: running requests evicted for a waiting request of better
     # priority (priority policy); the rest were evicted because blocks ran out.
     num_priority_preemptions: int = 0
+    # Speculative decoding's counters (gpuworker/engine/speculative/controller.SpecStats), when it is on.
+    spec: Optional[object] = None

@@ -33,7 +33,8 @@ class Request:
         "plain_greedy", "finishing_token_ids", "wants_logprobs", "max_tokens", "all_token_ids",
         "output_token_ids", "prompt_logprobs", "prompt_logprobs_sent", "num_computed_tokens",
         "num_cached_tokens", "num_preemptions", "status", "finish_reason", "block_hashes", "generator",
-        "detokenizer", "penalty_tokens", "matcher", "bias_tensors", "shapes_logits",
+        "detokenizer", "penalty_tokens", "matcher", "bias_tensors", "shapes_logits", "spec_token_ids",
+        "token_seed",
     )
 
     def __init__(
@@ -87,6 +88,13 @@ class Request:
         # output token. Preemption keeps the output tokens, so it stays valid.
         self.matcher = None
         self.bias_tensors = None  # logit_bias as (ids, values) tensors, see logits_shaping
+        # Speculative decoding: tokens proposed to follow all_token_ids, verified in
+        # this step's forward (set before scheduling, cleared after the step).
+        self.spec_token_ids: list[int] = []
+        # With speculation on, a seeded request draws output token i from a generator
+        # seeded by (seed, i) instead of one stream: its tokens then do not depend on
+        # how many positions each step verified (see sampler.token_generator).
+        self.token_seed: Optional[int] = None
 
     @property
     def num_tokens(self) -> int:

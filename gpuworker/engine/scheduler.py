@@ -30,15 +30,18 @@ class ScheduledRequest:
     """One request's share of a step. A plain slotted class: the scheduler makes
     one per running request per step (256 at batch 256)."""
 
-    __slots__ = ("request", "num_new_tokens", "num_computed_before", "samples")
+    __slots__ = ("request", "num_new_tokens", "num_computed_before", "samples", "num_spec")
 
-    def __init__(self, request: Request, num_new_tokens: int, num_computed_before: int):
+    def __init__(self, request: Request, num_new_tokens: int, num_computed_before: int, num_spec: int = 0):
         self.request = request
+        # Known tokens plus, for a speculating decode, its proposed ones (the last num_spec).
         self.num_new_tokens = num_new_tokens
         # Tokens computed before this step (prefix hits included).
         self.num_computed_before = num_computed_before
-        # Reaches the end of its known tokens this step, so it samples one more.
-        self.samples = num_computed_before + num_new_tokens == len(request.all_token_ids)
+        # Reaches the end of its known tokens this step, so it samples one more
+        # (a speculating one samples at each proposed position too).
+        self.samples = num_computed_before + num_new_tokens - num_spec == len(request.all_token_ids)
+        self.num_spec = num_spec
 
     def __repr__(self) -> str:
         return f"ScheduledRequest({self.request.request_id!r}, new={self.num_new_tokens}, before={self.num_computed_before})"
@@ -148,6 +151,12 @@ class Scheduler:
             if not chunked and num_new < left:
                 i += 1
                 continue
+            spec = req.spec_token_ids
+            if spec:
+                # Proposed tokens count against the budget like any other: keep what fits.
+                if left + len(spec) > budget:
+                    spec = req.spec_token_ids = spec[: max(0, budget - left)]
+                num_new += len(spec)
             while not kv.allocate_slots(req, num_new):
                 victim = self._pick_victim()
                 if running.index(victim) < i:
@@ -157,7 +166,7 @@ class Scheduler:
                     break
             if req.status is not RUNNING:
                 continue  # req preempted itself; running[i] is now the next one
-            scheduled[req.request_id] = ScheduledRequest(req, num_new, computed)
+            scheduled[req.request_id] = ScheduledRequest(req, num_new, computed, len(spec) if spec else 0)
             budget -= num_new
             i += 1
 
@@ -252,6 +261,7 @@ class Scheduler:
             refund = s.num_new_tokens
         victim.status = RequestStatus.PREEMPTED
         victim.num_computed_tokens = 0
+        victim.spec_token_ids = []
         victim.num_preemptions += 1
         self.num_preemptions += 1
         if reason == "priority":

@@ -71,6 +71,9 @@ class WorkerSettings(QueuePolicy):
     # Test aid, off by default: slows every cold grammar compile so a compile time-out can be provoked.
     test_grammar_compile_delay_s: float = Field(0.0, ge=0.0, le=60.0, description="test aid: add this to every grammar compile (0 = off)")
 
+    # Speculative decoding (docs/engine.md): vLLM's --speculative-config, as JSON.
+    speculative_config: Optional[str] = Field(None, description='speculative decoding as JSON, e.g. {"method": "ngram", "k": 4} (default: off)')
+
     check_invariants: bool = Field(False, description="verify the KV block pool after aborts and when idle (debugging)")
     # Test aid, off by default: tests that need a job to still be running at some
     # point (a deadline, a drain timeout) pace the engine instead of assuming a slow machine.
@@ -87,6 +90,16 @@ class WorkerSettings(QueuePolicy):
     def _block_below_socket_timeout(self):
         if self.block_ms / 1000 >= self.socket_timeout - 1:
             raise ValueError(f"block_ms ({self.block_ms}) must stay at least 1 s under socket_timeout ({self.socket_timeout}s)")
+        return self
+
+    @model_validator(mode="after")
+    def _speculative_parses(self):
+        from gpuworker.engine.speculative.config import SpeculativeConfig
+
+        try:
+            SpeculativeConfig.parse(self.speculative_config)
+        except ValueError as e:  # pydantic's ValidationError is a ValueError
+            raise ValueError(f"INFERQ_SPECULATIVE_CONFIG / --speculative-config: {e}") from None
         return self
 
     @model_validator(mode="after")
@@ -113,7 +126,7 @@ class WorkerSettings(QueuePolicy):
     def engine_config(self) -> EngineConfig:
         # Jobs carry a priority; equal priorities are served first come, first served.
         return EngineConfig(model=self.model or None, served_model_name=self.model_name, scheduling_policy="priority",
-                            **{k: getattr(self, k) for k in ENGINE_KNOBS})
+                            speculative=self.speculative_config or None, **{k: getattr(self, k) for k in ENGINE_KNOBS})
 
     @property
     def consumer_name(self) -> str:
