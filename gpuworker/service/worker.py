@@ -105,7 +105,7 @@ class Worker:
             "lease_seconds": str(self.s.lease_seconds), "max_deliveries": str(self.s.max_deliveries),
             "dtype": str(getattr(eng, "dtype", "")).removeprefix("torch."),
             "eos_token_ids": ",".join(str(i) for i in eng.eos_token_ids),
-            "speculative_config": "" if getattr(eng, "spec", None) is None else eng.spec.config.model_dump_json(),
+            "speculative_config": "" if getattr(eng, "spec", None) is None else eng.spec.config.describe(),
         })
         self.inflight = InFlight(self.s.max_num_seqs)
         self.to_engine: queue.Queue = queue.Queue()

@@ -39,6 +39,11 @@ class SpeculativeConfig(BaseModel):
             raise ValueError("model is only for method 'draft_model'")
         return self
 
+    def describe(self) -> str:
+        """One short line for logs, the config metric and `inferq doctor`."""
+        what = f"n={self.min_n}..{self.max_n}" if self.method == "ngram" else f"model={self.model}"
+        return f"{self.method} k={self.k} {what} max_batch={self.max_batch}"
+
     @classmethod
     def parse(cls, value) -> Optional["SpeculativeConfig"]:
         """None, a SpeculativeConfig, a dict, or a JSON string (the worker's flag)."""
