@@ -47,16 +47,19 @@ class VllmPeer:
 
     def __init__(self, python: str, model_folder: str, prompts: list[list[int]], output_lens: list[int], *,
                  dtype: str, max_num_seqs: int, max_num_batched_tokens: int, threads: int,
-                 kv_cache_gib: int = 2, start_timeout: float = 1800, constraints: list | None = None) -> None:
+                 kv_cache_gib: int = 2, start_timeout: float = 1800, constraints: list | None = None,
+                 speculative: dict | None = None, batch: int | None = None) -> None:
         """``constraints``: per request None or StructuredOutputs fields (json / regex /
         choice / grammar / json_object); constrained requests stop where their grammar
-        ends (EOS not ignored) and ``output_lens`` is their max_tokens."""
+        ends (EOS not ignored) and ``output_lens`` is their max_tokens. ``speculative``:
+        vLLM's speculative_config. ``batch``: run the workload in waves of this many
+        requests (default: all at once)."""
         self._tmp = tempfile.TemporaryDirectory(prefix="inferq-vllm-")
         job = os.path.join(self._tmp.name, "job.json")
         with open(job, "w") as f:
             json.dump({"model": model_folder, "prompts": prompts, "output_lens": output_lens, "dtype": dtype,
                        "max_num_seqs": max_num_seqs, "max_num_batched_tokens": max_num_batched_tokens,
-                       "constraints": constraints}, f)
+                       "constraints": constraints, "speculative": speculative, "batch": batch}, f)
         env = dict(os.environ)
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib))
         env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
@@ -113,8 +116,9 @@ def _child(job_path: str) -> int:
         job = json.load(f)
     from vllm import LLM, SamplingParams  # only in vLLM's environment
 
+    extra = {"speculative_config": job["speculative"]} if job.get("speculative") else {}
     llm = LLM(model=job["model"], dtype=job["dtype"], max_num_seqs=job["max_num_seqs"],
-              max_num_batched_tokens=job["max_num_batched_tokens"], enable_prefix_caching=False, seed=0)
+              max_num_batched_tokens=job["max_num_batched_tokens"], enable_prefix_caching=False, seed=0, **extra)
     prompts = [{"prompt_token_ids": p} for p in job["prompts"]]
     constraints = job.get("constraints")
     if constraints:
@@ -136,7 +140,11 @@ def _child(job_path: str) -> int:
         if line.strip() != "run":
             break
         t = time.perf_counter()
-        outs = llm.generate(prompts, params, use_tqdm=False)
+        wave = job.get("batch") or len(prompts)
+        outs = []
+        for i in range(0, len(prompts), wave):
+            outs += llm.generate(prompts[i : i + wave], params[i : i + wave] if isinstance(params, list) else params,
+                                 use_tqdm=False)
         took = time.perf_counter() - t
         got = sum(len(o.outputs[0].token_ids) for o in outs)
         if want is not None and got != want:

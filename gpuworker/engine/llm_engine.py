@@ -212,7 +212,7 @@ class LLMEngine:
         sched = self.scheduler.schedule()
         if not sched:
             if spec is not None:
-                spec.end_step()
+                spec.end_step(self.kv)
             return deltas
         t1 = time.perf_counter()
         sampled = self.runner.execute(sched, self.kv)
@@ -220,7 +220,7 @@ class LLMEngine:
         if sampled.num_spec is not None:
             return self._step_speculative(sched, sampled, deltas, t0, t1, t2)
         if spec is not None:
-            spec.end_step()
+            spec.end_step(self.kv)
         kv = self.kv
         caching = kv.enable_caching
         prompt_tokens = 0
@@ -252,7 +252,6 @@ class LLMEngine:
                 accepted = len(tokens) - 1
                 req.num_computed_tokens -= ns - accepted  # the rejected proposals' KV is garbage now
                 spec.verified(req, ns, accepted)
-        spec.end_step()
         prompt_tokens = 0
         for s in sched.scheduled:
             if kv.enable_caching:
@@ -275,10 +274,9 @@ class LLMEngine:
                     d = step_delta if d is None else _merge(d, step_delta)
                     if d.finished:
                         break
-                if not req.is_finished:
-                    kv.free_surplus(req)
             if d is not None:
                 deltas.append(d)
+        spec.end_step(kv)  # after the tokens are in: only then are a request's known tokens final
         self.last_step_times = (t1 - t0, self.runner.last_times, time.perf_counter() - t2)
         return deltas
 

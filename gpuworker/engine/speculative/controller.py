@@ -93,10 +93,13 @@ class SpecDecoder:
                 req.spec_token_ids = draft
                 self._proposed.append(req)
 
-    def end_step(self) -> None:
-        """Proposals live for one step (scheduled or not: the next step proposes afresh)."""
+    def end_step(self, kv=None) -> None:
+        """Proposals live for one step (scheduled or not: the next step proposes afresh).
+        With ``kv``: blocks a proposer allocated for proposals that did not run go back."""
         for req in self._proposed:
             req.spec_token_ids = []
+            if kv is not None and req.status is RequestStatus.RUNNING:
+                kv.free_surplus(req)
         self._proposed.clear()
 
     def verified(self, req: Request, num_proposed: int, num_accepted: int) -> None:
@@ -104,6 +107,7 @@ class SpecDecoder:
         st.num_drafts += 1
         st.num_draft_tokens += num_proposed
         st.num_accepted_tokens += num_accepted
+        self.proposer.accepted(req, num_proposed, num_accepted)
         state = self._state.get(req.request_id)
         if state is None:
             return

@@ -14,5 +14,8 @@ class Proposer(ABC):
         for the requests that speculate this step; every request is decoding (its
         last known token is the only one without KV)."""
 
+    def accepted(self, req: Request, num_proposed: int, num_accepted: int) -> None:
+        """The verification of ``req``'s proposal kept ``num_accepted`` of ``num_proposed``."""
+
     def finished(self, request_id: str) -> None:
         """A request left the engine: drop whatever the proposer kept for it."""

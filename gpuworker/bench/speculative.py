@@ -1,0 +1,143 @@
+"""Speculative decoding: n-gram prompt lookup against plain decoding, side by side.
+
+Two workloads, each at several batch sizes (requests are run in waves of that
+many at once, so "batch 8" means 8 sequences decode together):
+
+* copy-heavy: chat requests that rewrite, extract from, quote or summarise a
+  500-1,500 token document (gpuworker/bench/copy_documents.py);
+* random: random prompt token ids (as ``inferq bench offline``), where the
+  model's output rarely repeats its input, so nearly nothing is proposed or accepted.
+
+Greedy; every system makes the same number of tokens per request (the plain
+engine's own greedy lengths on the copy workload, fixed lengths on the random
+one, EOS ignored), so tokens/s compare the same work. Runs alternate system by
+system, repeat by repeat, on the same machine load. With ``--peers vllm``:
+vLLM's CPU build, plain and with its n-gram speculation (the same k and n range).
+"""
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import sys
+import time
+
+import torch
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(prog="inferq bench speculative", description=__doc__.splitlines()[0])
+    p.add_argument("--batches", default="1,8,32", help="comma-separated batch sizes")
+    p.add_argument("--workloads", default="copy,random")
+    p.add_argument("--num-requests", type=int, default=8, help="requests per workload (at least one wave of the largest batch)")
+    p.add_argument("--max-tokens", type=int, default=192)
+    p.add_argument("--k", type=int, default=4)
+    p.add_argument("--min-n", type=int, default=2)
+    p.add_argument("--max-n", type=int, default=4)
+    p.add_argument("--max-batch", type=int, default=None, help="speculation's global switch-off (default: the engine's)")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--peers", default="none", help="vllm or none")
+    p.add_argument("--vllm-python", default=None)
+    p.add_argument("--seed", type=int, default=0)
+    return p.parse_args(argv)
+
+
+def _waves(llm, prompts, params, batch: int):
+    outs = []
+    for i in range(0, len(prompts), batch):
+        outs += llm.generate(prompts[i : i + batch], params[i : i + batch])
+    return outs
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    from gpuworker import LLM
+    from gpuworker.bench.copy_documents import copy_chats
+    from schemas import SamplingParams
+
+    batches = [int(b) for b in args.batches.split(",")]
+    n_req = max(args.num_requests, max(batches))
+    spec = {"method": "ngram", "k": args.k, "min_n": args.min_n, "max_n": args.max_n}
+    if args.max_batch:
+        spec["max_batch"] = args.max_batch
+    common = dict(dtype=args.dtype, max_num_seqs=max(batches), max_num_batched_tokens=2048, enable_prefix_caching=False)
+    plain = LLM(**common)
+    specul = LLM(**common, speculative=spec)
+    switch_off = specul.engine.spec.config.max_batch
+
+    workloads = {}
+    if "copy" in args.workloads:
+        prompts = [plain.apply_chat_template(c) for c in copy_chats(n_req, seed=args.seed)]
+        first = plain.generate(prompts, SamplingParams(max_tokens=args.max_tokens, temperature=0))
+        lens = [max(1, len(o.token_ids)) for o in first]
+        workloads["copy"] = (prompts, lens)
+    if "random" in args.workloads:
+        rng = random.Random(args.seed)
+        vocab = len(plain.tokenizer)
+        prompts = [[rng.randrange(vocab) for _ in range(rng.randint(500, 1500))] for _ in range(n_req)]
+        workloads["random"] = (prompts, [args.max_tokens] * n_req)
+
+    peers = {}
+    if args.peers == "vllm":
+        from gpuworker.bench.vllm_peer import VllmPeer, vllm_python
+        from gpuworker.models.loader import resolve_model_folder
+
+        folder, _, _ = resolve_model_folder(None)
+        vspec = {"method": "ngram", "num_speculative_tokens": args.k, "prompt_lookup_min": args.min_n,
+                 "prompt_lookup_max": args.max_n}
+        for w, (prompts, lens) in workloads.items():
+            for b in batches:
+                for name, sc in (("vLLM", None), ("vLLM + n-gram", vspec)):
+                    try:
+                        peers[(w, b, name)] = VllmPeer(vllm_python(args.vllm_python), str(folder), prompts, lens,
+                                                       dtype=args.dtype, max_num_seqs=b, max_num_batched_tokens=2048,
+                                                       threads=args.threads, speculative=sc, batch=b)
+                    except RuntimeError as e:
+                        print(f"vLLM peer {name} batch {b} ({w}) did not start: {str(e).splitlines()[0]}", file=sys.stderr)
+                        peers[(w, b, name)] = None
+
+    print(f"SmolLM2-135M-Instruct, {args.dtype}, {args.threads} thread(s), greedy; n-gram k={args.k} "
+          f"n={args.min_n}..{args.max_n}, speculation off above {switch_off} running requests")
+    print()
+    print("| workload | batch | system | median wall s | output tok/s | vs plain inferq | proposed | accepted | acceptance |")
+    print("| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    try:
+        for w, (prompts, lens) in workloads.items():
+            params = [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for n in lens]
+            total = sum(lens)
+            for b in batches:
+                times = {"inferq": [], "inferq + n-gram": []}
+                names = [k for k in ("vLLM", "vLLM + n-gram") if peers.get((w, b, k))]
+                times.update({k: [] for k in names})
+                s0 = specul.engine.stats().spec
+                for _ in range(args.repeats):
+                    t = time.perf_counter()
+                    _waves(plain, prompts, params, b)
+                    times["inferq"].append(time.perf_counter() - t)
+                    t = time.perf_counter()
+                    outs = _waves(specul, prompts, params, b)
+                    times["inferq + n-gram"].append(time.perf_counter() - t)
+                    assert sum(len(o.token_ids) for o in outs) == total
+                    for k in names:
+                        times[k].append(peers[(w, b, k)].run())
+                s1 = specul.engine.stats().spec
+                proposed = (s1.num_draft_tokens - s0.num_draft_tokens) // args.repeats
+                accepted = (s1.num_accepted_tokens - s0.num_accepted_tokens) // args.repeats
+                base = total / statistics.median(times["inferq"])
+                for k, v in times.items():
+                    tps = total / statistics.median(v)
+                    extra = ("| - | - | - |" if k != "inferq + n-gram" else
+                             f"| {proposed} | {accepted} | {accepted / proposed:.0%} |" if proposed else "| 0 | 0 | - |")
+                    print(f"| {w} | {b} | {k} | {statistics.median(v):.2f} | {tps:.1f} | {tps / base:.2f}x {extra}")
+    finally:
+        for p in peers.values():
+            if p is not None:
+                p.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
