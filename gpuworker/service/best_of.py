@@ -54,11 +54,12 @@ class Ranking:
         order = sorted(range(len(self.held)), key=lambda i: (-self.held[i].cumulative_logprob, i))
         return order[: self.n]
 
-    def release(self, job_id: str, ends: dict, prompt_tokens: int, cached_tokens: int) -> list[RequestDelta]:
+    def release(self, job_id: str, winners: list[int], ends: dict, prompt_tokens: int,
+                cached_tokens: int) -> list[RequestDelta]:
         """One delta per winner (choice j = the j-th best), each with its whole output
         and its end; the caller turns the last into the job's final delta."""
         out = []
-        for j, i in enumerate(self.winners()):
+        for j, i in enumerate(winners):
             h, end = self.held[i], ends[i]
             out.append(RequestDelta(
                 job_id, h.token_ids, "".join(h.text),

@@ -15,7 +15,7 @@ publishes nothing until all have ended; then only the best n come out
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Optional
 
 from schemas import SamplingParams
@@ -106,14 +106,13 @@ class ChoiceGroup:
         if not self.done:
             d.finished = False
             return [] if self.ranking is not None else [d]
-        if self.ranking is not None:
-            out = self.ranking.release(self.job_id, self.ends, self.prompt_tokens or d.num_prompt_tokens,
-                                       self.cached_tokens)
-            winners = self.ranking.winners()
-            ends = [ChoiceEnd(j, self.ends[i].finish_reason, self.ends[i].completion_tokens, self.ends[i].stop_reason)
-                    for j, i in enumerate(winners)]
-            return out[:-1] + [self._final(out[-1], ends)]
-        return [self._final(d, [self.ends[i] for i in range(self.n)])]
+        if self.ranking is None:
+            return [self._final(d, [self.ends[i] for i in range(self.n)])]
+        # best_of: the winners come out now, re-indexed 0..n-1, the last one as the final delta.
+        winners = self.ranking.winners()
+        out = self.ranking.release(self.job_id, winners, self.ends, self.prompt_tokens or d.num_prompt_tokens,
+                                   self.cached_tokens)
+        return out[:-1] + [self._final(out[-1], [replace(self.ends[i], index=j) for j, i in enumerate(winners)])]
 
     def end_waiting(self, reason: str) -> list:
         """Choices never added (aborted before choice 0's prompt was computed)."""
