@@ -10,7 +10,9 @@ best_of > n, as OpenAI does).
 
 The sampled token's logprob comes from the engine's own logprobs: a sequence of a
 ranked job asks for ``logprobs=0`` (the sampled token only, no top-N) when the
-client did not ask for logprobs, and those are dropped before publishing.
+client did not ask for logprobs (ranked by the model's raw logprobs), and those
+are dropped before publishing; a client that asked gets its own kind (raw or
+processed), and the ranking uses those.
 """
 from __future__ import annotations
 
@@ -73,8 +75,9 @@ class Ranking:
     @staticmethod
     def sequence_params_update(params) -> Optional[dict]:
         """What a ranked job's sequence changes in its params to get its sampled
-        tokens' logprobs: ``logprobs=0`` unless the client asked (greedy sequences
-        are all the same text, so they need none)."""
+        tokens' logprobs: ``logprobs=0`` in the default raw mode (which samples on
+        the fast path, as the same sequence without logprobs does) unless the client
+        asked for logprobs; greedy sequences are all the same text, so need none."""
         if params.logprobs is None and not params.greedy:
-            return {"logprobs": 0}
+            return {"logprobs": 0, "logprobs_mode": "raw_logprobs"}
         return None
