@@ -73,7 +73,8 @@ def test_ranked_sequences_ask_for_the_sampled_token_logprob_only():
     assert (sibling.n, sibling.best_of, sibling.logprobs, sibling.seed) == (1, None, 0, 7)
     assert choice_params(SamplingParams(best_of=3, logprobs=4), 1).logprobs == 4
     # Without logprobs of its own the ranking uses raw ones, whatever mode the job names.
-    assert choice_params(SamplingParams(best_of=3, logprobs_mode="processed_logprobs"), 1).logprobs_mode == "raw_logprobs"
+    processed = SamplingParams(best_of=3, logprobs_mode="processed_logprobs")
+    assert choice_params(processed, 1).logprobs_mode == "raw_logprobs"
     assert choice_params(SamplingParams(n=3), 1).logprobs is None  # plain n: nothing extra
 
 
