@@ -57,6 +57,8 @@ class LLM:
         plan: list[list[str]] = []  # request ids of each prompt's samples
         state: dict[str, dict] = {}
         for prompt, p, prio in zip(prompts, params, priorities):
+            if p.ranks_choices:
+                raise ValueError("LLM.generate does not rank best_of > n sequences; queue the job (the worker does)")
             ids = self.encode(prompt)
             rids = []
             for k in range(p.n):
@@ -64,7 +66,7 @@ class LLM:
                 self._next_id += 1
                 sp = p
                 if p.n > 1:  # each sample is its own request; seeded samples get distinct seeds
-                    sp = p.model_copy(update={"n": 1, "seed": None if p.seed is None else p.seed + k})
+                    sp = p.model_copy(update={"n": 1, "best_of": None, "seed": None if p.seed is None else p.seed + k})
                 engine.add_request(rid, ids, sp, priority=prio)
                 state[rid] = {"prompt": ids, "tokens": [], "text": [], "logprobs": [], "reason": None}
                 rids.append(rid)

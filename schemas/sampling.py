@@ -55,6 +55,9 @@ class SamplingParams(BaseModel):
         None, ge=0, le=MAX_LOGPROBS, description="Top-N logprobs per prompt token (the first has none)."
     )
     n: int = Field(1, ge=1, le=MAX_N, description="Choices per prompt: sibling sequences sharing the prompt's KV.")
+    # OpenAI's completions best_of: this many sibling sequences are generated and the n
+    # with the highest cumulative logprob of their sampled tokens are returned (None: n).
+    best_of: Optional[int] = Field(None, ge=1, description="Sequences generated per prompt, of which the best n return.")
     skip_special_tokens: bool = True
     # Added to the logits of these token ids before sampling (OpenAI's logit_bias).
     logit_bias: Optional[dict[int, float]] = Field(None, max_length=MAX_LOGIT_BIAS)
@@ -102,11 +105,34 @@ class SamplingParams(BaseModel):
                 raise ValueError(f"logit_bias values must be in [-100, 100]; got {bias} for token {tok}")
         return v or None
 
+    @field_validator("best_of")
+    @classmethod
+    def _best_of_capped(cls, v: Optional[int]) -> Optional[int]:
+        if v is not None and v > MAX_N:
+            raise ValueError(f"best_of={v} exceeds the limit of {MAX_N} sequences per request")
+        return v
+
     @model_validator(mode="after")
     def _consistent(self):
         if self.min_tokens > self.max_tokens:
             raise ValueError(f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})")
+        if self.best_of is not None and self.best_of < self.n:
+            raise ValueError(f"best_of ({self.best_of}) must be at least n ({self.n}): "
+                             "best_of sequences are generated and the best n returned")
+        if self.ranks_choices and self.logprobs is not None and self.logprobs_mode.endswith("logits"):
+            raise ValueError(f"best_of > n ranks sequences by logprobs; logprobs_mode {self.logprobs_mode!r} "
+                             "reports logits: use raw_logprobs or processed_logprobs")
         return self
+
+    @property
+    def num_sequences(self) -> int:
+        """Sibling sequences to generate: best_of, else n."""
+        return self.best_of if self.best_of is not None else self.n
+
+    @property
+    def ranks_choices(self) -> bool:
+        """More sequences than choices: only the best n are returned."""
+        return self.num_sequences > self.n
 
     @property
     def greedy(self) -> bool:

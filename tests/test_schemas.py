@@ -85,3 +85,20 @@ def test_a_jobs_keys_share_its_partitions_hash_tag():
 def test_lone_surrogates_are_refused_with_a_clear_message(fields):
     with pytest.raises(ValueError, match="lone surrogate|unicode string"):
         Job(model="m", **fields)
+
+
+def test_best_of_is_at_least_n_capped_and_ranked_by_logprobs():
+    assert SamplingParams(n=2).num_sequences == 2 and not SamplingParams(n=2).ranks_choices
+    p = SamplingParams(n=2, best_of=3)
+    assert p.num_sequences == 3 and p.ranks_choices
+    assert not SamplingParams(n=2, best_of=2).ranks_choices
+    with pytest.raises(ValidationError, match=r"best_of \(1\) must be at least n \(2\)"):
+        SamplingParams(n=2, best_of=1)
+    with pytest.raises(ValidationError, match="best_of=17 exceeds the limit of 16"):
+        SamplingParams(best_of=17)
+    with pytest.raises(ValidationError, match="best_of"):
+        SamplingParams(best_of=0)
+    # Ranking sums logprobs: a request reporting logits cannot be ranked.
+    with pytest.raises(ValidationError, match="ranks sequences by logprobs"):
+        SamplingParams(best_of=2, logprobs=1, logprobs_mode="raw_logits")
+    assert SamplingParams(best_of=2, logprobs=1, logprobs_mode="processed_logprobs").ranks_choices

@@ -164,6 +164,9 @@ class LLMEngine:
             raise ValueError("the prompt is empty: give at least one token")
         if params.n != 1:
             raise ValueError("the engine runs one sample per request; expand n > 1 into n requests")
+        if params.best_of not in (None, 1):
+            raise ValueError("the engine runs one sample per request; best_of is the worker's (one request per "
+                             "sequence, ranked in gpuworker/service/best_of.py)")
         vocab = self.model_config.vocab_size
         if min(prompt_token_ids) < 0 or max(prompt_token_ids) >= vocab:
             raise ValueError(f"prompt token ids must be in [0, {vocab})")

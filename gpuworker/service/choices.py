@@ -8,13 +8,19 @@ per-request deltas into the job's: each tagged with its choice ``index``; a
 choice that ends while others run becomes a delta with ``choice_end`` set, and
 the last one to end carries ``finished`` with the summed usage and every
 choice's end, so the publisher writes one ``done`` per job.
+
+With ``best_of`` > n the job runs best_of such sequences and ``translate``
+publishes nothing until all have ended; then only the best n come out
+(gpuworker/service/best_of.py), as choices 0..n-1.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Optional
 
 from schemas import SamplingParams
+
+from gpuworker.service.best_of import Ranking
 
 SEP = "#"
 
@@ -25,10 +31,13 @@ def choice_request_id(job_id: str, index: int) -> str:
 
 def choice_params(params: SamplingParams, index: int) -> SamplingParams:
     """Sampling of one choice: one sample, and a seed of its own (seed + index)
-    so seeded choices differ from each other yet are reproducible."""
-    update: dict = {"n": 1}
+    so seeded choices differ from each other yet are reproducible. A sequence of
+    a best_of > n job also reports its sampled tokens' logprobs (for the ranking)."""
+    update: dict = {"n": 1, "best_of": None}
     if params.seed is not None and index:
         update["seed"] = (params.seed + index) % (2**63)
+    if params.ranks_choices:
+        update.update(Ranking.sequence_params_update(params) or {})
     return params.model_copy(update=update)
 
 
@@ -46,14 +55,25 @@ class ChoiceGroup:
 
     job_id: str
     n: int
+    # Sequences to run (best_of); more than n: only the best n are published.
+    sequences: int = 0
+    keep_logprobs: bool = False  # the client asked for logprobs (a ranked job may get them anyway)
     live: set[str] = field(default_factory=set)  # request ids in the engine
     waiting: list[int] = field(default_factory=list)  # choice indexes not added yet
     ends: dict[int, ChoiceEnd] = field(default_factory=dict)
     prompt_tokens: int = 0
     cached_tokens: int = 0
+    ranking: Optional[Ranking] = None
 
     def __post_init__(self) -> None:
-        self.waiting = list(range(1, self.n))
+        self.sequences = max(self.sequences, self.n)
+        self.waiting = list(range(1, self.sequences))
+        if self.sequences > self.n:
+            self.ranking = Ranking(self.sequences, self.n, self.keep_logprobs)
+
+    @classmethod
+    def of(cls, job_id: str, params: SamplingParams) -> "ChoiceGroup":
+        return cls(job_id, params.n, params.num_sequences, params.logprobs is not None)
 
     def index_of(self, request_id: str) -> int:
         if request_id == self.job_id:
@@ -62,28 +82,37 @@ class ChoiceGroup:
 
     @property
     def done(self) -> bool:
-        return len(self.ends) == self.n
+        return len(self.ends) == self.sequences
 
-    def translate(self, d):
-        """The job-level form of engine delta ``d`` of one of this group's requests."""
-        if self.n == 1:
+    def translate(self, d) -> list:
+        """The job-level deltas of engine delta ``d`` of one of this group's requests
+        (none while a best_of > n job's sequences are held back)."""
+        if self.sequences == 1:
             if d.finished:
                 self.live.discard(d.request_id)
                 self.ends[0] = ChoiceEnd(0, d.finish_reason, d.num_output_tokens, d.stop_reason)
-            return d
+            return [d]
         i = self.index_of(d.request_id)
         d.request_id, d.index = self.job_id, i
         if i == 0 and d.num_prompt_tokens:
             self.prompt_tokens, self.cached_tokens = d.num_prompt_tokens, d.num_cached_tokens
+        if self.ranking is not None:
+            self.ranking.hold(i, d)
         if not d.finished:
-            return d
+            return [] if self.ranking is not None else [d]
         self.live.discard(choice_request_id(self.job_id, i))
         self.ends[i] = ChoiceEnd(i, d.finish_reason, d.num_output_tokens, d.stop_reason)
         d.choice_end = d.finish_reason
         if not self.done:
             d.finished = False
-            return d
-        return self._final(d)
+            return [] if self.ranking is not None else [d]
+        if self.ranking is None:
+            return [self._final(d, [self.ends[i] for i in range(self.n)])]
+        # best_of: the winners come out now, re-indexed 0..n-1, the last one as the final delta.
+        winners = self.ranking.winners()
+        out = self.ranking.release(self.job_id, winners, self.ends, self.prompt_tokens or d.num_prompt_tokens,
+                                   self.cached_tokens)
+        return out[:-1] + [self._final(out[-1], [replace(self.ends[i], index=j) for j, i in enumerate(winners)])]
 
     def end_waiting(self, reason: str) -> list:
         """Choices never added (aborted before choice 0's prompt was computed)."""
@@ -92,17 +121,18 @@ class ChoiceGroup:
         out = []
         for i in self.waiting:
             d = RequestDelta(choice_request_id(self.job_id, i), [], "", finished=True, finish_reason=reason)
-            out.append(self.translate(d))
+            out += self.translate(d)
         self.waiting = []
         return out
 
-    def _final(self, d):
-        first = self.ends[0]
+    def _final(self, d, ends: list[ChoiceEnd]):
+        """``d`` as the job's last delta: choice 0's end, every sequence's tokens in
+        the usage (a best_of job bills the losers too, as OpenAI does)."""
         d.finished = True
-        d.finish_reason = first.finish_reason
-        d.stop_reason = first.stop_reason
+        d.finish_reason = ends[0].finish_reason
+        d.stop_reason = ends[0].stop_reason
         d.num_prompt_tokens = self.prompt_tokens or d.num_prompt_tokens
         d.num_cached_tokens = self.cached_tokens
         d.num_output_tokens = sum(e.completion_tokens for e in self.ends.values())
-        d.choices = [self.ends[i] for i in range(self.n)]
+        d.choices = ends if self.n > 1 else None
         return d

@@ -143,7 +143,7 @@ class EngineLoop(threading.Thread):
             d = self.engine.abort(rid, reason=reason)
             g.live.discard(rid)
             if d is not None:
-                out.append(g.translate(d))
+                out += g.translate(d)
         out += g.end_waiting(reason)
         self._in_engine.pop(job_id, None)
         return out
@@ -151,7 +151,7 @@ class EngineLoop(threading.Thread):
     def _add(self, st: JobState) -> bool:
         if st.id in self._in_engine:  # the same job handed to us again: restart it (every choice)
             self._abort_group(st.id)
-        g = ChoiceGroup(st.id, st.job.sampling.n)
+        g = ChoiceGroup.of(st.id, st.job.sampling)
         self._in_engine[st.id] = g
         return self._add_choice(st, g, 0)
 
@@ -169,12 +169,13 @@ class EngineLoop(threading.Thread):
         g.live.add(rid)
         return True
 
-    def _add_siblings(self, deltas: list) -> None:
-        """Choices 1..n-1 join once choice 0 has a token: its prompt's full blocks
-        are computed and cached by then, so they share them (prefix cache)."""
-        for d in deltas:
-            g = self._in_engine.get(d.request_id)
-            if g is None or not g.waiting or d.index != 0 or not (d.new_token_ids or d.finished):
+    def _add_siblings(self, progressed: set[str]) -> None:
+        """Choices 1..n-1 (1..best_of-1) join once choice 0 has a token: its prompt's
+        full blocks are computed and cached by then, so they share them (prefix cache).
+        ``progressed``: job ids whose choice 0 got a token or ended this step."""
+        for job_id in progressed:
+            g = self._in_engine.get(job_id)
+            if g is None or not g.waiting:
                 continue
             st = self.inflight.get(g.job_id)
             waiting, g.waiting = g.waiting, []
@@ -207,11 +208,14 @@ class EngineLoop(threading.Thread):
             self._on_fault(e)
             return
         dt = time.perf_counter() - t0
+        # Jobs whose choice 0 (it runs under the job id; siblings have a "#<i>" suffix) got a
+        # token or ended, read from the engine's deltas: a best_of job publishes none until its end.
+        in_engine = self._in_engine
+        progressed = {d.request_id for d in deltas if (d.new_token_ids or d.finished) and d.request_id in in_engine}
         deltas = self._to_job_deltas(deltas)
-        self._add_siblings(deltas)
+        self._add_siblings(progressed)
         p = self._probing
-        if p is not None and (p.id not in self._in_engine
-                              or any(d.request_id == p.id and d.new_token_ids for d in deltas)):
+        if p is not None and (p.id not in self._in_engine or p.id in progressed):
             self._probing = None  # it produced a token (or ended): probation passed
         self.out.put(StepOutput(deltas, self.engine.stats(), time.time(), dt))
         if self.step_pace_s:
@@ -227,10 +231,10 @@ class EngineLoop(threading.Thread):
             if g is None:
                 out.append(d)
                 continue
-            d = g.translate(d)
-            if d.finished:
-                self._in_engine.pop(job_id, None)
-            out.append(d)
+            for jd in g.translate(d):
+                if jd.finished:
+                    self._in_engine.pop(job_id, None)
+                out.append(jd)
         return out
 
     def _verify(self, when: str) -> None:

@@ -89,6 +89,28 @@ class CompletionRequest(_Common):
     logprobs: Optional[int] = Field(None, ge=0, le=20)
     echo: bool = False
     suffix: Optional[str] = None
+    # Generate this many sequences, return the n with the highest cumulative logprob.
+    best_of: Optional[int] = Field(None, ge=1)
+
+    @field_validator("best_of")
+    @classmethod
+    def _best_of_in_range(cls, v: Optional[int]) -> Optional[int]:
+        if v is not None and v > MAX_N:
+            raise ValueError(f"best_of={v} exceeds the limit of {MAX_N} sequences per request")
+        return v
+
+    def sampling_fields(self) -> dict[str, Any]:
+        """best_of as OpenAI defines it: at least n, and not with stream when it is
+        more than n (the best n are known only when every sequence has ended)."""
+        fields = super().sampling_fields()
+        if self.best_of is None:
+            return fields
+        if self.best_of < self.n:
+            raise bad_request(f"best_of ({self.best_of}) must be at least n ({self.n})", param="best_of")
+        if self.stream and self.best_of > self.n:
+            raise bad_request("best_of cannot be used with stream (unless best_of equals n)", param="best_of")
+        fields["best_of"] = self.best_of
+        return fields
 
     def single_prompt(self) -> tuple[Optional[str], Optional[list[int]]]:
         """(text, token ids): exactly one is set."""

@@ -34,7 +34,8 @@ UNSUPPORTED = {
     "logits_processors": "custom logits processors are not supported",
     "guided_whitespace_pattern": "guided_whitespace_pattern is not supported",
     "structural_tag": "structural tags are not supported",
-    "best_of": "best_of > 1 is not supported yet: use n (or several requests with different seeds)",
+    # A declared field of /v1/completions requests, so only chat requests get here.
+    "best_of": "best_of is not a chat completions parameter (it is one of /v1/completions): use n",
 }
 # Values of those fields that mean "off" (accepted: they change nothing).
 _NEUTRAL = {"use_beam_search": (False, None), "length_penalty": (1.0, 1, None), "logits_processors": (None, []),
