@@ -1,4 +1,4 @@
-"""Copy-heavy prompts for the speculative-decoding benchmark: 500-1,500 token
+"""Copy-heavy prompts for the speculative-decoding benchmark: 700-1,400 token
 documents (meeting notes, invoices, a config file) and tasks that make the
 output reuse them (rewrite, extract, quote, summarise), as backends enqueue.
 Deterministic from a seed; no dataset download."""
@@ -50,7 +50,7 @@ def _config(rng: random.Random, lines: int) -> str:
     return "\n".join(out)
 
 
-def copy_chats(n: int, seed: int = 0, min_lines: int = 24, max_lines: int = 60) -> list[list[dict]]:
+def copy_chats(n: int, seed: int = 0, min_lines: int = 16, max_lines: int = 40) -> list[list[dict]]:
     """n chat conversations: one user message each, a task over a document."""
     rng = random.Random(seed)
     chats = []

@@ -48,7 +48,7 @@ class VllmPeer:
     def __init__(self, python: str, model_folder: str, prompts: list[list[int]], output_lens: list[int], *,
                  dtype: str, max_num_seqs: int, max_num_batched_tokens: int, threads: int,
                  kv_cache_gib: int = 2, start_timeout: float = 1800, constraints: list | None = None,
-                 speculative: dict | None = None, batch: int | None = None) -> None:
+                 speculative: dict | None = None, batch: int | None = None, temperature: float = 0.0) -> None:
         """``constraints``: per request None or StructuredOutputs fields (json / regex /
         choice / grammar / json_object); constrained requests stop where their grammar
         ends (EOS not ignored) and ``output_lens`` is their max_tokens. ``speculative``:
@@ -59,7 +59,8 @@ class VllmPeer:
         with open(job, "w") as f:
             json.dump({"model": model_folder, "prompts": prompts, "output_lens": output_lens, "dtype": dtype,
                        "max_num_seqs": max_num_seqs, "max_num_batched_tokens": max_num_batched_tokens,
-                       "constraints": constraints, "speculative": speculative, "batch": batch}, f)
+                       "constraints": constraints, "speculative": speculative, "batch": batch,
+                       "temperature": temperature}, f)
         env = dict(os.environ)
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib))
         env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
@@ -130,7 +131,9 @@ def _child(job_path: str) -> int:
                   for o, c in zip(job["output_lens"], constraints)]
         want = None  # constrained requests end where their grammar does
     else:
-        params = [SamplingParams(max_tokens=o, min_tokens=o, temperature=0.0, ignore_eos=True) for o in job["output_lens"]]
+        temp = job.get("temperature") or 0.0
+        params = [SamplingParams(max_tokens=o, min_tokens=o, temperature=temp, seed=i if temp else None, ignore_eos=True)
+                  for i, o in enumerate(job["output_lens"])]
         want = sum(job["output_lens"])
     # Warm-up (compilation and caches) on a few short requests, as inferq gets.
     n = min(4, len(prompts))
