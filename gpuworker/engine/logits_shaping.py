@@ -49,8 +49,13 @@ class LogitsShaper:
             self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="inferq-mask")
         return self._executor, self._thread
 
-    def begin(self, reqs: list) -> Optional[PendingMasks]:
-        """Start filling the grammar masks of the constrained rows (None: no row has one)."""
+    def begin(self, reqs: list, offsets: Optional[list[int]] = None) -> Optional[PendingMasks]:
+        """Start filling the grammar masks of the constrained rows (None: no row has one).
+
+        ``offsets`` (speculative decoding): per row, how many of its request's proposals
+        precede it; a request's rows are consecutive, and the mask of its row j is the
+        grammar's after the first j proposals (filled by llguidance without changing the
+        matcher)."""
         rows = [i for i, r in enumerate(reqs) if r.matcher is not None]
         if not rows:
             return None
@@ -59,9 +64,13 @@ class LogitsShaper:
             self._bitmask = llg_np.allocate_token_bitmask(max(len(rows), 2 * self._bitmask.shape[0]), self.vocab_size)
         bitmask = self._bitmask[: len(rows)]
         assert bitmask.shape[1] == words
-        matchers = [(reqs[i].matcher, j) for j, i in enumerate(rows)]
         executor, thread = self._pools()
-        fut = thread.submit(llg_np.fill_next_token_bitmask_par, executor, matchers, bitmask)
+        if offsets is None:
+            matchers = [(reqs[i].matcher, j) for j, i in enumerate(rows)]
+            fut = thread.submit(llg_np.fill_next_token_bitmask_par, executor, matchers, bitmask)
+        else:
+            matchers = [(reqs[i].matcher, j, reqs[i].spec_token_ids) for j, i in enumerate(rows) if offsets[i] == 0]
+            fut = thread.submit(llg_np.fill_next_token_bitmask_par_with_draft_tokens, executor, matchers, bitmask)
         return PendingMasks(rows, bitmask, fut)
 
     def apply(self, logits: torch.Tensor, reqs: list, pending: Optional[PendingMasks]) -> None:

@@ -259,7 +259,7 @@ class ModelRunner:
         row_reqs, row_offsets = expand_rows(reqs, num_spec) if speculating else (reqs, None)
         shaped = any(r.shapes_logits for r in reqs)
         # Grammar masks are filled on a helper thread while the forward runs.
-        pending = self._shaper().begin(row_reqs) if shaped else None
+        pending = self._shaper().begin(row_reqs, row_offsets) if shaped else None
         t1 = time.perf_counter()
         if self.graphs is not None and self.graphs.can_run(meta):
             hidden = self.graphs.run(ids, positions, meta)

@@ -208,7 +208,7 @@ def test_no_proposals_while_the_batch_is_larger_than_max_batch():
     assert llm.engine.stats().spec.num_drafts > 0
 
 
-def test_requests_that_shape_logits_or_use_penalties_do_not_speculate(spec_llm, smol_llm):
+def test_requests_with_bias_min_tokens_or_penalties_do_not_speculate(spec_llm, smol_llm):
     prompt = copy_prompts(smol_llm, 1)[0]
     for p in (SamplingParams(max_tokens=20, temperature=0, logit_bias={11: -5.0}),
               SamplingParams(max_tokens=20, temperature=0, repetition_penalty=1.2),
@@ -232,3 +232,31 @@ def test_bad_speculative_configs_are_clear_errors(bad, message):
     with pytest.raises(ValueError, match=f"(?i){message}"):
         EngineConfig(speculative=bad)
     assert SpeculativeConfig.parse('{"method": "ngram", "k": 2}').k == 2
+
+
+def test_structured_outputs_speculate_and_stay_identical_and_valid(spec_llm, smol_llm):
+    import json
+
+    import jsonschema
+
+    from schemas import StructuredOutputs
+
+    text = {"type": "string", "maxLength": 40}
+    schema = {"type": "object", "properties": {"invoice": text, "seller": text, "buyer": text, "address": text,
+                                               "items": {"type": "array", "items": text, "maxItems": 3}},
+              "required": ["invoice", "seller", "buyer", "address", "items"], "additionalProperties": False}
+    ask = f"Extract the invoice number, seller, buyer, delivery address and items of this invoice as JSON:\n{DOCUMENT}"
+    prompt = smol_llm.apply_chat_template([{"role": "user", "content": ask}])
+    cases = [SamplingParams(max_tokens=200, temperature=0, structured_outputs=StructuredOutputs(json=schema)),
+             SamplingParams(max_tokens=60, temperature=0,
+                            structured_outputs=StructuredOutputs(regex=r"Invoice [0-9]+ from [A-Za-z ]+ to [A-Za-z ]+"))]
+    before = spec_llm.engine.stats().spec
+    for params in cases:
+        got = spec_llm.generate([prompt], params)[0]
+        want = smol_llm.generate([prompt], params)[0]
+        assert (got.token_ids, got.finish_reason) == (want.token_ids, want.finish_reason)
+    after = spec_llm.engine.stats().spec
+    assert after.num_accepted_tokens > before.num_accepted_tokens, "the JSON copies the invoice: proposals should land"
+    out = spec_llm.generate([prompt], cases[0])[0]
+    assert out.finish_reason == "stop"
+    jsonschema.validate(json.loads(out.text), schema)

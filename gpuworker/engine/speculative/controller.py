@@ -10,10 +10,12 @@ Adaptive in two ways, so that it never costs more than a few percent:
   decode step there is compute-bound, and k extra rows per request cost about
   k tokens each, where at small batch they ride along with the weight reads.
 
-Requests that shape their logits (logit_bias, min_tokens, a grammar) or use
-penalties do not speculate: their mask or penalty at a drafted position depends
-on the drafted tokens before it, which the per-step logits shaping does not
-model yet.
+Structured outputs speculate: a proposal is cut to the prefix the request's
+grammar accepts (``validate_tokens``), and the mask of every verified position is
+filled with the proposals before it consumed (llguidance's draft-token fill, then
+the matcher is as it was; the accepted tokens are consumed as they are emitted).
+Requests with logit_bias, min_tokens or penalties do not speculate: those depend
+on the output so far, which at a proposed position includes the proposals.
 """
 from __future__ import annotations
 
@@ -61,7 +63,8 @@ class SpecDecoder:
 
     @staticmethod
     def eligible(req: Request) -> bool:
-        return not req.shapes_logits and req.penalty_tokens is None and not req.params.uses_penalties
+        p = req.params
+        return not p.uses_penalties and not p.logit_bias and not p.min_tokens
 
     def propose(self, running: list[Request]) -> None:
         """Set ``spec_token_ids`` on the decoding requests that speculate this step."""
@@ -89,6 +92,8 @@ class SpecDecoder:
         if not picked:
             return
         for req, draft in zip(picked, self.proposer.propose(picked, limits)):
+            if draft and req.matcher is not None:
+                draft = draft[: req.matcher.validate_tokens(draft)]  # what the grammar would mask anyway
             if draft:
                 req.spec_token_ids = draft
                 self._proposed.append(req)
