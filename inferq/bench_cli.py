@@ -12,13 +12,14 @@ import sys
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-USAGE = """usage: inferq bench {serve,modes,offline,structured} [options]
+USAGE = """usage: inferq bench {serve,modes,offline,structured,speculative} [options]
 
   serve    load-test a running inferq through Redis or the gateway (like `vllm bench serve`)
   modes    the four batching modes (naive, static, continuous, continuous+chunked) on one
            mixed workload, real engine in-process; plus paged vs contiguous KV waste
   offline  offline throughput: inferq engine vs HF generate vs HF generate_batch
   structured  a JSON Schema on every request vs the same mix unconstrained (and vs vLLM)
+  speculative n-gram speculative decoding vs plain decoding on copy-heavy and random mixes (and vs vLLM)
 
 `inferq bench COMMAND --help` shows each command's options."""
 
@@ -161,9 +162,11 @@ def engine_bench(name: str) -> Callable[[Sequence[str]], int]:
 
 
 cmd_modes, cmd_offline, cmd_structured = engine_bench("modes"), engine_bench("offline"), engine_bench("structured")
+cmd_speculative = engine_bench("speculative")
 
 
-COMMANDS = {"serve": cmd_serve, "modes": cmd_modes, "offline": cmd_offline, "structured": cmd_structured}
+COMMANDS = {"serve": cmd_serve, "modes": cmd_modes, "offline": cmd_offline, "structured": cmd_structured,
+            "speculative": cmd_speculative}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -47,6 +47,8 @@ def parse_args(argv=None):
     p.add_argument("--vllm-python", default=None)
     p.add_argument("--peer-batches", default="1", help="batch sizes at which the vLLM peers run (each cell starts 3)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--doc-lines", default="16,40", help="copy workload: lines per document, min,max (700-1,400 tokens)")
+    p.add_argument("--random-prompt", default="500,1500", help="random workload: prompt tokens, min,max")
     return p.parse_args(argv)
 
 
@@ -99,14 +101,16 @@ def main(argv=None) -> int:
 
     workloads = {}
     if "copy" in args.workloads:
-        prompts = [plain.apply_chat_template(c) for c in copy_chats(n_req, seed=args.seed)]  # 700-1,400 tokens
+        lo, hi = (int(x) for x in args.doc_lines.split(","))
+        prompts = [plain.apply_chat_template(c) for c in copy_chats(n_req, seed=args.seed, min_lines=lo, max_lines=hi)]
         first = plain.generate(prompts, SamplingParams(max_tokens=args.max_tokens, temperature=0))
         lens = [max(1, len(o.token_ids)) for o in first]
         workloads["copy"] = (prompts, lens, 0.0)
     if "random" in args.workloads:
         rng = random.Random(args.seed)
         vocab = len(plain.tokenizer)
-        prompts = [[rng.randrange(vocab) for _ in range(rng.randint(500, 1500))] for _ in range(n_req)]
+        lo, hi = (int(x) for x in args.random_prompt.split(","))
+        prompts = [[rng.randrange(vocab) for _ in range(rng.randint(lo, hi))] for _ in range(n_req)]
         workloads["random"] = (prompts, [args.max_tokens] * n_req, 1.0)  # sampled: the output repeats nothing
 
     vspec = {"method": "ngram", "num_speculative_tokens": args.k, "prompt_lookup_min": args.min_n,

@@ -23,3 +23,13 @@ def test_bench_help_and_unknown(capsys):
     assert "serve" in capsys.readouterr().out
     assert inferq(["bench", "nope"]) == 2
     assert "unknown command 'nope'" in capsys.readouterr().err
+
+
+def test_bench_speculative_dispatches_and_reports_both_systems(capsys):
+    rc = inferq(["bench", "speculative", "--batches", "1", "--num-requests", "2", "--max-tokens", "12",
+                 "--repeats", "1", "--doc-lines", "2,3", "--random-prompt", "8,16"])
+    assert rc == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| copy") or line.startswith("| random")]
+    assert [r.split(" | ")[2] for r in rows] == ["inferq", "inferq + n-gram"] * 2
+    copy_spec = rows[1].split(" | ")
+    assert int(copy_spec[7]) > 0  # a copied document: something was proposed
