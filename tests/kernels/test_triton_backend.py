@@ -59,6 +59,7 @@ def test_triton_backend_matches_torch_backend_over_two_steps(device, dtype):
         [(0, 20), (0, 5), (0, 17)],  # three prompts (the first is chunked: 20 of its 30 tokens)
         [(20, 10), (5, 1), (17, 1)],  # its last chunk, starting mid-block, next to two decodes
         [(30, 1), (6, 1), (18, 1)],  # decode only
+        [(31, 5), (7, 3), (19, 1)],  # speculative decoding: two sequences verify 4 and 2 proposals next to a decode
     ]
     for chunks in steps:
         meta = metadata(chunks, tables, device)
