@@ -71,12 +71,25 @@ class _NativeDecode:
 
 
 @dataclass
+class _TiledPrefill:
+    """Prefill chunks for the tiled C kernel (kernels/cpu/paged_prefill.c), one entry per chunk;
+    host int64 arrays, read through their data pointers."""
+
+    q_start: torch.Tensor  # [C] first query row
+    seq_idx: torch.Tensor  # [C] its sequence's row in meta.block_tables
+    q_lens: torch.Tensor  # [C] query rows
+    ctx_lens: torch.Tensor  # [C] tokens cached before the chunk
+    rows: list[tuple[int, int]]  # (start, end) per chunk, for a copy-back when out is not direct
+
+
+@dataclass
 class _Plan:
     write_slots: torch.Tensor
     write_rows: torch.Tensor | None  # rows of k/v that go to write_slots (None = all rows)
     decodes: list[_DecodeGroup] = field(default_factory=list)
     prefills: list[_Prefill] = field(default_factory=list)
     native: _NativeDecode | None = None
+    tiled: _TiledPrefill | None = None
 
 
 def _group_by_length(order: list[int], nbs: dict[int, int], min_saving: int) -> list[list[int]]:
@@ -99,14 +112,21 @@ class TorchAttentionBackend(AttentionBackend):
 
     def __init__(self, max_explicit_scores: int = _MAX_EXPLICIT_SCORES,
                  min_group_saving_blocks: int = _MIN_GROUP_SAVING_BLOCKS,
-                 native_decode: bool | None = None, native_prefill: bool = True) -> None:
+                 native_decode: bool | None = None, native_prefill: bool = True,
+                 prefill_path: str | None = None) -> None:
         """``native_decode``: decode rows through the C paged-attention kernel (CPU,
-        float32/bfloat16, one torch thread) instead of gather + SDPA. None (default)
-        = use it when it builds (``INFERQ_CPU_KERNELS=0`` turns it off).
-        ``native_prefill``: with it, also the prefill chunks that start at position 0."""
+        float32/bfloat16) instead of gather + SDPA. None (default) = use it when it
+        builds (``INFERQ_CPU_KERNELS=0`` turns it off).
+        ``native_prefill``: with it (and the C kernels), prefill chunks go to C kernels too
+        (the route per chunk: ``_prefill_route``); False keeps every chunk on baddbmm/SDPA.
+        ``prefill_path`` forces one route for every chunk ("rows": the decode kernel row by
+        row, "tiled": paged_prefill.c, "torch"); None = the measured choice."""
+        if prefill_path not in (None, "rows", "tiled", "torch"):
+            raise ValueError(f"prefill_path must be rows, tiled or torch, not {prefill_path!r}")
         self.max_explicit_scores = max_explicit_scores
         self.native_decode = native_decode
         self.native_prefill = native_prefill
+        self.prefill_path = prefill_path
         self._native_kernel = None
         self._scratch: torch.Tensor | None = None  # fp32 scores of the C kernel, grow-only
         self.min_group_saving_blocks = min_group_saving_blocks
@@ -140,24 +160,28 @@ class TorchAttentionBackend(AttentionBackend):
         n_rows: list[int] = []
         n_seqs: list[int] = []
         n_lens: list[int] = []
+        tiled: list[tuple[int, int, int, int]] = []  # (first row, sequence, q_len, context)
         row = 0
         for i, (q_len, s_len) in enumerate(zip(meta.query_lens_cpu, meta.seq_lens_cpu)):
+            route = "rows" if q_len == 1 else self._prefill_route(q_len, s_len - q_len, native, dtype)
             if q_len == 1:
                 decode_seqs.append(i)
                 decode_rows[i] = row
-                if native:
-                    n_rows.append(row)
-                    n_seqs.append(i)
-                    n_lens.append(s_len)
-            elif native and q_len == s_len and self.native_prefill:
+            if route == "rows":
                 n_rows.extend(range(row, row + q_len))
                 n_seqs.extend([i] * q_len)
                 n_lens.extend(range(s_len - q_len + 1, s_len + 1))
+            elif route == "tiled":
+                tiled.append((row, i, q_len, s_len - q_len))
             elif q_len > 1:
                 plan.prefills.append(self._plan_prefill(meta, i, row, q_len, s_len, num_heads, groups, dtype, device))
             row += q_len
+        if tiled:
+            cols = list(zip(*tiled))
+            plan.tiled = _TiledPrefill(*(torch.tensor(c, dtype=torch.int64) for c in cols),
+                                       rows=[(r, r + n) for r, _, n, _ in tiled])
 
-        if n_rows:
+        if n_rows and native:
             plan.native = _NativeDecode(
                 q_rows=torch.tensor(n_rows, dtype=torch.int64),
                 seq_idx=torch.tensor(n_seqs, dtype=torch.int64),
@@ -190,6 +214,18 @@ class TorchAttentionBackend(AttentionBackend):
                     )
                 )
         return plan
+
+    def _prefill_route(self, q_len: int, context: int, native: bool, dtype) -> str:
+        """Which path a prefill chunk of ``q_len`` (> 1) rows after ``context`` cached tokens
+        takes: "rows" (the decode kernel, row by row), "tiled" (paged_prefill.c) or "torch"."""
+        if not native or not self.native_prefill:
+            return "torch"
+        tiled_ok = bool(self._native_kernel.prefill_fns)
+        if self.prefill_path is not None:
+            return "rows" if self.prefill_path == "tiled" and not tiled_ok else self.prefill_path
+        if context == 0:
+            return "rows"
+        return "torch"
 
     def _use_native(self, meta: AttentionMetadata, num_heads: int, groups: int, dtype, device) -> bool:
         if self.native_decode is False or device.type != "cpu" or dtype not in (torch.float32, torch.bfloat16):
@@ -255,6 +291,8 @@ class TorchAttentionBackend(AttentionBackend):
         out = torch.empty_like(q)
         if plan.native is not None:
             self._decode_native(q, out, key_cache, value_cache, meta, plan.native, scale)
+        if plan.tiled is not None:
+            self._prefill_tiled(q, out, key_cache, value_cache, meta, plan.tiled, scale)
         for group in plan.decodes:
             out[group.rows] = self._decode(q[group.rows], key_cache, value_cache, group, scale).to(out.dtype)
         for pre in plan.prefills:
@@ -286,6 +324,31 @@ class TorchAttentionBackend(AttentionBackend):
             raise RuntimeError(f"CPU decode kernel rejected heads={num_heads}/{num_kv_heads} head_dim={head_dim}")
         if not direct:
             out[nd.q_rows] = on[nd.q_rows].to(out.dtype)
+
+    def _prefill_tiled(self, q, out, key_cache, value_cache, meta: AttentionMetadata,
+                       tp: _TiledPrefill, scale: float) -> None:
+        """Every tiled-route chunk in one C call (kernels/cpu/paged_prefill.c), straight over
+        the paged cache (the chunks' own k/v were written there first)."""
+        num_heads, head_dim = q.shape[1], q.shape[2]
+        num_kv_heads = key_cache.shape[2]
+        dt = key_cache.dtype
+        qn = q if q.dtype == dt and q.stride(2) == 1 and q.stride(1) == head_dim else q.to(dt).contiguous()
+        direct = out.dtype == dt and out.stride(2) == 1 and out.stride(1) == head_dim
+        on = out if direct else torch.empty(q.shape, dtype=dt)
+        kern = self._native_kernel
+        kern.sync()
+        assert key_cache.is_contiguous() and value_cache.is_contiguous()
+        tables = meta.block_tables
+        fn = kern.prefill_fns["paged_prefill_bf16" if dt == torch.bfloat16 else "paged_prefill_f32"]
+        rc = fn(qn.data_ptr(), qn.stride(0), on.data_ptr(), on.stride(0),
+                key_cache.data_ptr(), value_cache.data_ptr(), tables.data_ptr(), tables.stride(0),
+                tp.q_start.data_ptr(), tp.seq_idx.data_ptr(), tp.q_lens.data_ptr(), tp.ctx_lens.data_ptr(),
+                tp.q_start.numel(), num_heads, num_kv_heads, head_dim, key_cache.shape[1], float(scale))
+        if rc != 0:
+            raise RuntimeError(f"CPU prefill kernel rejected heads={num_heads}/{num_kv_heads} head_dim={head_dim}")
+        if not direct:
+            for start, end in tp.rows:
+                out[start:end] = on[start:end].to(out.dtype)
 
     def _gather(self, cache: torch.Tensor, blocks: torch.Tensor, which: int) -> torch.Tensor:
         """cache[blocks] into a reused buffer; valid until the next gather of the same kind."""
