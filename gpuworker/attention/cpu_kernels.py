@@ -1,5 +1,6 @@
 """Small C kernels for the CPU path: decode attention straight over the paged KV
-cache (and the rows of prompts that start at position 0), rotary of q and k
+cache, tiled prefill attention over it (kernels/cpu/paged_prefill.c, its own build: see
+that file and ``_PREFILL_FLAGS``; ``prefill_fns`` is empty where it did not build), rotary of q and k
 (bit-identical to the torch ops; llama.rotate_qk), SiLU-and-mul of the MLP
 (llama.silu_and_mul) and a fused residual add + RMSNorm (llama.add_rms_norm).
 

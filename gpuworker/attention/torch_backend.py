@@ -9,11 +9,21 @@ same ``AttentionMetadata``; planning reads only the host lists, so nothing syncs
   ``scaled_dot_product_attention`` runs per group. Sequences are grouped by
   length so a few long contexts do not make every short one gather padding.
   GQA is folded into the query axis (``[B, Hkv, G, D]``): K/V are never repeated.
-* on CPU with the C kernel (gpuworker.attention.cpu_kernels), decode rows and the
-  rows of prefill chunks that start a sequence all go to ONE call of it, straight
-  over the paged cache: each row sees its own number of keys, so the causal mask
-  costs nothing.
-* each other prefill chunk attends over its keys (the new k/v when it starts at
+* on CPU with the C kernels (gpuworker.attention.cpu_kernels) every decode row goes to ONE
+  call of the paged-decode kernel, straight over the paged cache, and every prefill chunk
+  (q_len > 1: a fresh prompt, a later chunk of a long one, a prefix-cache hit, a few
+  speculative tokens to verify) to ONE call of the tiled prefill kernel
+  (kernels/cpu/paged_prefill.c: a tile of 16 (token, head) rows against each 16-key chunk
+  of the cache, online softmax, causal mask only where a chunk crosses the tile's rows).
+  Measured per route (``scripts/bench_prefill_attention.py``, docs/benchmarks.md, 128-2,048
+  tokens, contexts 0/512/1,024, fp32 and bf16, 1 and 2 threads) it is the fastest in every
+  case: against baddbmm it skips the masked half of the scores and the gather, against the
+  decode kernel's rows (one row per call of its inner loop) each key is loaded once per
+  tile instead of once per row; for 2-9 tokens after a context (speculative verification)
+  too. Where paged_prefill.c did not build, chunks that start a sequence take the decode
+  kernel's rows (row j sees j + 1 keys) and chunks with a context the torch path below.
+  ``prefill_path`` forces one route (tests, the benchmark).
+* otherwise each prefill chunk attends over its keys (the new k/v when it starts at
   position 0, otherwise the cached blocks) with a causal mask offset by its
   context (``key_pos <= context + q_pos``), GQA folded the same way. On CPU an
   explicit baddbmm + softmax + bmm is about 2x faster than SDPA's flash kernel
@@ -35,6 +45,8 @@ from gpuworker.attention.base import AttentionBackend, AttentionMetadata, KVCach
 
 # Above this many score elements per prefill chunk, use SDPA instead of materialising scores.
 _MAX_EXPLICIT_SCORES = 32 * 1024 * 1024
+# Fewest (token, query head) rows per kv head for the tiled prefill kernel (below: the decode kernel's rows).
+_MIN_TILED_ROWS = 8
 # Start a new decode group when it saves at least this many gathered blocks.
 _MIN_GROUP_SAVING_BLOCKS = 64
 
@@ -151,19 +163,15 @@ class TorchAttentionBackend(AttentionBackend):
         decode_seqs: list[int] = []
         decode_rows: dict[int, int] = {}
         native = self._use_native(meta, num_heads, groups, dtype, device)
-        # The C kernel's rows: (query row, sequence, keys it sees). A prefill chunk that
-        # starts a sequence goes there too (its row j sees j + 1 keys): the kernel skips
-        # the masked half of the scores that baddbmm/SDPA compute: even at 128 tokens,
-        # 1.2x at 256-512, 2.5-3x at 1,024-2,048 in fp32 here (scripts/
-        # bench_prefill_attention.py). With a context it is ~2x slower than baddbmm
-        # (dot products vs a matmul over the mostly unmasked scores): those stay.
+        # The decode kernel's rows: (query row, sequence, keys it sees); the tiled kernel's chunks.
+        # Each chunk's route: _prefill_route (the measured choice, see the module docstring).
         n_rows: list[int] = []
         n_seqs: list[int] = []
         n_lens: list[int] = []
         tiled: list[tuple[int, int, int, int]] = []  # (first row, sequence, q_len, context)
         row = 0
         for i, (q_len, s_len) in enumerate(zip(meta.query_lens_cpu, meta.seq_lens_cpu)):
-            route = "rows" if q_len == 1 else self._prefill_route(q_len, s_len - q_len, native, dtype)
+            route = "rows" if q_len == 1 else self._prefill_route(q_len, s_len - q_len, groups, native)
             if q_len == 1:
                 decode_seqs.append(i)
                 decode_rows[i] = row
@@ -215,7 +223,7 @@ class TorchAttentionBackend(AttentionBackend):
                 )
         return plan
 
-    def _prefill_route(self, q_len: int, context: int, native: bool, dtype) -> str:
+    def _prefill_route(self, q_len: int, context: int, groups: int, native: bool) -> str:
         """Which path a prefill chunk of ``q_len`` (> 1) rows after ``context`` cached tokens
         takes: "rows" (the decode kernel, row by row), "tiled" (paged_prefill.c) or "torch"."""
         if not native or not self.native_prefill:
@@ -223,9 +231,18 @@ class TorchAttentionBackend(AttentionBackend):
         tiled_ok = bool(self._native_kernel.prefill_fns)
         if self.prefill_path is not None:
             return "rows" if self.prefill_path == "tiled" and not tiled_ok else self.prefill_path
-        if context == 0:
+        # A tile holds 16 (token, query head) rows of one kv head: with fewer than 8 of them (2
+        # tokens x 3 heads, a short speculative verification) most of its lanes idle, and the
+        # decode kernel's rows were faster (2@512: 0.08 vs 0.11 ms; baddbmm 0.15).
+        if q_len * groups < _MIN_TILED_ROWS:
             return "rows"
-        return "torch"
+        # Otherwise the tiled kernel won every measured case (docs/benchmarks.md,
+        # scripts/bench_prefill_attention.py): a matmul's work (a tile's rows share each key)
+        # without the masked half of the scores or a gather. Where it did not build: the rows of
+        # a chunk that starts a sequence (no mask, no masked half), baddbmm for one with a context.
+        if tiled_ok:
+            return "tiled"
+        return "rows" if context == 0 else "torch"
 
     def _use_native(self, meta: AttentionMetadata, num_heads: int, groups: int, dtype, device) -> bool:
         if self.native_decode is False or device.type != "cpu" or dtype not in (torch.float32, torch.bfloat16):

@@ -72,16 +72,45 @@ static inline vf vexp_neg(vf x) {
     return (vf)((vi)p + (ni << 23));
 }
 
+/* bf16 q.k with AVX512-BF16 (vdpbf16ps: exact bf16 products, fp32 sums, two elements a step):
+   S[t] += sum over element pairs of QP[pair] (the lanes' q pairs) . kp[t][pair] (broadcast). */
+#if defined(__AVX512BF16__) && LANES == 16
+#include <immintrin.h>
+#define HAVE_DPBF16 1
+typedef uint32_t u32_alias __attribute__((may_alias));
+static inline __attribute__((always_inline)) void qk_dpbf16(vf *S, const uint32_t (*QP)[LANES],
+                                                            const u32_alias *const *kp, int64_t d2) {
+    __m512 acc[KT];
+    for (int t = 0; t < KT; ++t) acc[t] = (__m512)S[t];
+    for (int64_t i = 0; i < d2; ++i) {
+        const __m512bh qv = (__m512bh)_mm512_loadu_si512(QP[i]);
+        _Pragma("GCC unroll 16") for (int t = 0; t < KT; ++t)
+            acc[t] = _mm512_dpbf16_ps(acc[t], qv, (__m512bh)_mm512_set1_epi32((int)kp[t][i]));
+    }
+    for (int t = 0; t < KT; ++t) S[t] = (vf)acc[t];
+}
+#else
+#define HAVE_DPBF16 0
+typedef uint32_t u32_alias __attribute__((may_alias));
+static inline void qk_dpbf16(vf *S, const uint32_t (*QP)[LANES], const u32_alias *const *kp, int64_t d2) {
+    (void)S; (void)QP; (void)kp; (void)d2;
+}
+#endif
+static const uint32_t zero_row[MAX_D / 2];
+
 static inline float hmax(vf v) { float m = v[0]; for (int l = 1; l < LANES; ++l) m = v[l] > m ? v[l] : m; return m; }
 
 /* One work item. */
-#define DEFINE_TILE(NAME, T, LOAD, STORE)                                                         \
+/* DP: 1 = q.k on vdpbf16ps (bf16 where the CPU has it), else in fp32 after widening */
+#define DEFINE_TILE(NAME, T, LOAD, STORE, DP)                                                     \
 static inline __attribute__((always_inline)) void NAME##_tile(                                   \
         const T *q, int64_t q_stride, T *out, int64_t out_stride, const T *kc, const T *vc,     \
         const int32_t *table, int64_t ctx, int64_t q_len, int64_t r0, int64_t h, int64_t g_n,   \
-        const int64_t d, int64_t bs, int64_t tok_stride, float scale) {                         \
+        const int64_t d, int64_t bs, int64_t tok_stride, float scale, const int dp) {                         \
     vf QT[MAX_D], OT[MAX_D];                                                                     \
     float kf[KT][MAX_D], vv[KT][MAX_D];                                                          \
+    uint32_t QP[DP ? MAX_D / 2 : 1][LANES]; /* DP: the lanes' q as bf16 pairs, unscaled */       \
+    const u32_alias *kp[KT]; /* DP: each key's row in the cache (zero_row past the keys) */      \
     const int64_t rows = q_len * g_n - r0 < LANES ? q_len * g_n - r0 : LANES;                    \
     vi pos; /* each lane's query position (unused lanes repeat the last row) */                  \
     for (int l = 0; l < LANES; ++l) {                                                            \
@@ -93,7 +122,9 @@ static inline __attribute__((always_inline)) void NAME##_tile(                  
         const int64_t r = r0 + l;                                                                \
         const T *qr = q + (r / g_n) * q_stride + (h * g_n + r % g_n) * d;                        \
         for (int64_t i = 0; i < d; ++i) QT[i][l] = LOAD(qr[i]) * scale;                          \
+        if (dp) for (int64_t i = 0; i < d / 2; ++i) QP[i][l] = ((const u32_alias *)qr)[i];      \
     }                                                                                            \
+    if (dp) for (int l = rows; l < LANES; ++l) for (int64_t i = 0; i < d / 2; ++i) QP[i][l] = 0; \
     for (int64_t i = 0; i < d; ++i) OT[i] = vsplat(0.0f);                                        \
     vf m = vsplat(-__builtin_inff()), lsum = vsplat(0.0f);                                       \
     const int64_t first = pos[0], kend = (int64_t)pos[LANES - 1] + 1; /* keys the tile sees */   \
@@ -103,16 +134,25 @@ static inline __attribute__((always_inline)) void NAME##_tile(                  
             if (t < n) {                                                                         \
                 const int64_t j = t0 + t;                                                        \
                 const int64_t off = ((int64_t)table[j / bs] * bs + j % bs) * tok_stride + h * d; \
-                for (int64_t i = 0; i < d; ++i) { kf[t][i] = LOAD(kc[off + i]); vv[t][i] = LOAD(vc[off + i]); } \
+                if (dp) kp[t] = (const u32_alias *)(kc + off);                                   \
+                else for (int64_t i = 0; i < d; ++i) kf[t][i] = LOAD(kc[off + i]);               \
+                for (int64_t i = 0; i < d; ++i) vv[t][i] = LOAD(vc[off + i]);                    \
             } else {                                                                             \
-                for (int64_t i = 0; i < d; ++i) { kf[t][i] = 0.0f; vv[t][i] = 0.0f; }            \
+                if (dp) kp[t] = zero_row;                                                        \
+                else for (int64_t i = 0; i < d; ++i) kf[t][i] = 0.0f;                            \
+                for (int64_t i = 0; i < d; ++i) vv[t][i] = 0.0f;                                 \
             }                                                                                    \
         }                                                                                        \
         vf S[KT];                                                                                \
         _Pragma("GCC unroll 16") for (int t = 0; t < KT; ++t) S[t] = vsplat(0.0f);               \
-        for (int64_t i = 0; i < d; ++i) {                                                        \
-            const vf qi = QT[i];                                                                 \
-            _Pragma("GCC unroll 16") for (int t = 0; t < KT; ++t) S[t] += qi * kf[t][i];         \
+        if (dp) {                                                                                \
+            qk_dpbf16(S, (const uint32_t (*)[LANES])QP, kp, d / 2);                              \
+            _Pragma("GCC unroll 16") for (int t = 0; t < KT; ++t) S[t] *= scale;                 \
+        } else {                                                                                 \
+            for (int64_t i = 0; i < d; ++i) {                                                    \
+                const vf qi = QT[i];                                                             \
+                _Pragma("GCC unroll 16") for (int t = 0; t < KT; ++t) S[t] += qi * kf[t][i];     \
+            }                                                                                    \
         }                                                                                        \
         if (t0 + KT - 1 > first) { /* the chunk reaches past the tile's first row: mask */       \
             _Pragma("GCC unroll 16") for (int t = 0; t < KT; ++t)                                \
@@ -174,18 +214,18 @@ int NAME(const T *q, int64_t q_stride, T *out, int64_t out_stride, const T *kc, 
         const int32_t *table = tables + seq_idx[s] * table_stride;                               \
         if (d == 64)                                                                             \
             NAME##_tile(qs, q_stride, os, out_stride, kc, vc, table, ctx_lens[s], q_lens[s], r0, h, \
-                        g_n, 64, bs, tok_stride, scale);                                         \
+                        g_n, 64, bs, tok_stride, scale, DP);                                         \
         else if (d == 128)                                                                       \
             NAME##_tile(qs, q_stride, os, out_stride, kc, vc, table, ctx_lens[s], q_lens[s], r0, h, \
-                        g_n, 128, bs, tok_stride, scale);                                        \
+                        g_n, 128, bs, tok_stride, scale, DP);                                        \
         else                                                                                     \
             NAME##_tile(qs, q_stride, os, out_stride, kc, vc, table, ctx_lens[s], q_lens[s], r0, h, \
-                        g_n, d, bs, tok_stride, scale);                                          \
+                        g_n, d, bs, tok_stride, scale, DP && d % 2 == 0);                                          \
     }                                                                                            \
     free(first);                                                                                 \
     return 0;                                                                                    \
 }
 
 #define ID(x) (x)
-DEFINE_TILE(paged_prefill_f32, float, ID, ID)
-DEFINE_TILE(paged_prefill_bf16, uint16_t, bf2f, f2bf)
+DEFINE_TILE(paged_prefill_f32, float, ID, ID, 0)
+DEFINE_TILE(paged_prefill_bf16, uint16_t, bf2f, f2bf, HAVE_DPBF16)

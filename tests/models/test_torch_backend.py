@@ -198,21 +198,32 @@ def test_native_decode_matches_naive_reference(case, groups, one_thread):
 
 def test_native_decode_is_used_and_skips_the_gather(one_thread):
     _native_or_skip()
-    backend = TorchAttentionBackend()
     seqs = [(500, 1), (20, 1), (0, 5), (490, 1)]
     tables = [list(range(i * 40, i * 40 + -(-(c + q) // 16))) for i, (c, q) in enumerate(seqs)]
     meta, _ = build_metadata(seqs, tables, 16)
-    plan = backend._make_plan(meta, 4, 2, torch.float32, torch.device("cpu"))
-    assert plan.native is not None and plan.decodes == []
-    # the prompt that starts at position 0 joins the call, each row with its own key count
+    # the rows route: the prompt that starts at position 0 joins the call, each row with its own key count
+    plan = TorchAttentionBackend(prefill_path="rows")._make_plan(meta, 4, 2, torch.float32, torch.device("cpu"))
+    assert plan.native is not None and plan.decodes == [] and plan.tiled is None
     assert plan.native.q_rows.tolist() == [0, 1, 2, 3, 4, 5, 6, 7]
     assert plan.native.seq_idx.tolist() == [0, 1, 2, 2, 2, 2, 2, 3]
     assert plan.native.lens.tolist() == [501, 21, 1, 2, 3, 4, 5, 491] and plan.prefills == []
     assert plan.native.max_len == 501
-    # a chunk with a context stays on the batched path
-    meta, _ = build_metadata([(20, 1), (32, 8)], [[0, 1], [2, 3, 4]], 16)
+    # by default (the tiled kernel built) decodes take the rows, every prompt chunk the tiled kernel,
+    # with or without a context
+    backend = TorchAttentionBackend()
     plan = backend._make_plan(meta, 4, 2, torch.float32, torch.device("cpu"))
-    assert plan.native.q_rows.tolist() == [0] and len(plan.prefills) == 1 and plan.prefills[0].context == 32
+    if not backend._native_kernel.prefill_fns:
+        pytest.skip("paged_prefill.c did not build")
+    assert plan.native.q_rows.tolist() == [0, 1, 7] and plan.native.lens.tolist() == [501, 21, 491]
+    assert plan.tiled.q_start.tolist() == [2] and plan.tiled.q_lens.tolist() == [5] and plan.prefills == []
+    # ... but a chunk of fewer than 8 (token, head) rows per kv head (here 3 tokens x 2 heads, a
+    # speculative verification) takes the decode kernel's rows
+    meta, _ = build_metadata([(20, 1), (32, 8), (7, 4), (40, 3)], [[0, 1], [2, 3, 4], [5], [6, 7, 8]], 16)
+    plan = backend._make_plan(meta, 4, 2, torch.float32, torch.device("cpu"))
+    assert plan.native.q_rows.tolist() == [0, 13, 14, 15] and plan.native.lens.tolist() == [21, 41, 42, 43]
+    assert plan.tiled.q_start.tolist() == [1, 9] and plan.tiled.seq_idx.tolist() == [1, 2]
+    assert plan.tiled.ctx_lens.tolist() == [32, 7] and plan.tiled.q_lens.tolist() == [8, 4]
+    assert plan.prefills == []
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
