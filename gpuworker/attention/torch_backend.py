@@ -11,18 +11,20 @@ same ``AttentionMetadata``; planning reads only the host lists, so nothing syncs
   GQA is folded into the query axis (``[B, Hkv, G, D]``): K/V are never repeated.
 * on CPU with the C kernels (gpuworker.attention.cpu_kernels) every decode row goes to ONE
   call of the paged-decode kernel, straight over the paged cache, and every prefill chunk
-  (q_len > 1: a fresh prompt, a later chunk of a long one, a prefix-cache hit, a few
-  speculative tokens to verify) to ONE call of the tiled prefill kernel
-  (kernels/cpu/paged_prefill.c: a tile of 16 (token, head) rows against each 16-key chunk
-  of the cache, online softmax, causal mask only where a chunk crosses the tile's rows).
-  Measured per route (``scripts/bench_prefill_attention.py``, docs/benchmarks.md, 128-2,048
-  tokens, contexts 0/512/1,024, fp32 and bf16, 1 and 2 threads) it is the fastest in every
-  case: against baddbmm it skips the masked half of the scores and the gather, against the
-  decode kernel's rows (one row per call of its inner loop) each key is loaded once per
-  tile instead of once per row; for 2-9 tokens after a context (speculative verification)
-  too. Where paged_prefill.c did not build, chunks that start a sequence take the decode
-  kernel's rows (row j sees j + 1 keys) and chunks with a context the torch path below.
-  ``prefill_path`` forces one route (tests, the benchmark).
+  (q_len > 1: a fresh prompt, a later chunk of a long one, a prefix-cache hit, speculative
+  tokens to verify) with >= 8 (token, query head) rows per kv head to ONE call of the tiled
+  prefill kernel (kernels/cpu/paged_prefill.c: a tile of 16 such rows against each 16-key
+  chunk of the cache, online softmax, causal mask only where a chunk crosses the tile's rows).
+  Measured per route (``scripts/bench_prefill_attention.py``, docs/benchmarks.md: 2-2,048
+  tokens, contexts 0/512/1,024, fp32 and bf16, 1 and 2 threads, G = 1/3/4, D = 64/128) it
+  was the fastest from 8 rows on: against baddbmm it skips the masked half of the scores and
+  the gather (1.2-2x at 128-512 tokens after a context, 2.3-12x past 1,024), against the
+  decode kernel's rows each key is loaded once per tile, not once per row (1.4-1.9x for
+  chunks that start a sequence). Below 8 rows (2 tokens x 3 heads) most lanes of a tile
+  idle and the chunk's rows go to the decode kernel (row j sees context + j + 1 keys),
+  up to 2x faster there. Where paged_prefill.c did not build: rows for chunks that start
+  a sequence, the torch path below for chunks with a context. ``prefill_path`` forces one
+  route (tests, the benchmark).
 * otherwise each prefill chunk attends over its keys (the new k/v when it starts at
   position 0, otherwise the cached blocks) with a causal mask offset by its
   context (``key_pos <= context + q_pos``), GQA folded the same way. On CPU an
