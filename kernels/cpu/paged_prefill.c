@@ -15,7 +15,8 @@
      OT[i]  = OT[i] * a + sum_t v_t[i] * P[t]
    and out[row][i] = OT[i][row] / l[row] at the end (online softmax, one pass over the keys).
    Keys are walked in KT-key chunks, copied (bf16: widened) to a small fp32 buffer first, so any
-   block size works and masked or missing keys are exact zeros.
+   block size works and keys past the end are exact zeros; with AVX512-BF16 the bf16 q.k runs
+   on vdpbf16ps straight from the cache instead (K is not copied, V still is).
 
    Vectors are GCC vector extensions of LANES floats: 16 (one zmm) where AVX-512 is on, else 8
    (one ymm with AVX2; other ISAs get what the compiler makes of them); built with
