@@ -1,15 +1,21 @@
 #!/usr/bin/env python3
-"""Micro-benchmark of one layer's prefill attention on the CPU: the C paged kernel
-(a prompt's row j sees its j + 1 keys) against the batched torch path (baddbmm with
-an additive causal mask, or SDPA past its size limit), SmolLM2-135M's heads (9 query,
-3 kv, head size 64), one torch thread. Best of 20 calls, alternating 2 rounds.
+"""Micro-benchmark of one layer's prefill attention on the CPU, per prefill route of
+gpuworker/attention/torch_backend.py: "torch" (baddbmm with an additive causal mask, SDPA past
+its size limit), "rows" (the C paged-decode kernel, row j of a chunk seeing its context + j + 1
+keys) and "tiled" (kernels/cpu/paged_prefill.c: query tiles x key chunks, online softmax),
+plus "auto", the backend's own choice. SmolLM2-135M's heads by default (9 query, 3 kv, head
+size 64). Median of N calls per route, the routes alternating over 3 rounds (N: 20, fewer for
+slow cases, at least 3).
 
-    python scripts/bench_prefill_attention.py [--dtype float32|bfloat16] [--cases 128+3x1,256,512,128@256]
+    python scripts/bench_prefill_attention.py [--dtype float32|bfloat16] [--threads 1]
+        [--heads 9/3/64] [--cases 128+3x1,256,512,128@256] [--routes torch,rows,tiled,auto]
 
 A case is a prompt length; ``@C`` gives the prompt C cached tokens of context (a later
-chunk); ``+Nx1`` adds N decode rows (contexts of 150-250 tokens), as in a serving step.
+chunk, a prefix-cache hit); ``+Nx1`` adds N decode rows (contexts of 150-250 tokens), as in a
+serving step. The diff column is the largest |route - torch| over the outputs.
 """
 import argparse
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -21,7 +27,10 @@ from gpuworker.attention.base import AttentionMetadata  # noqa: E402
 from gpuworker.attention.torch_backend import TorchAttentionBackend  # noqa: E402
 from tests.models.paged import build_metadata  # noqa: E402  (the test suite's step builder)
 
-BS, HQ, HK, D = 16, 9, 3, 64
+BS = 16
+DEFAULT_CASES = ("128,256,512,1024,2048,128@512,256@512,512@512,1024@512,2048@512,"
+                 "128@1024,256@1024,512@1024,1024@1024,2048@1024,2@512,4@512,9@512,16@512,"
+                 "128+3x1")
 
 
 def metadata(seqs: list[tuple[int, int]]) -> tuple[AttentionMetadata, int]:
@@ -48,33 +57,47 @@ def parse_case(text: str) -> list[tuple[int, int]]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    ap.add_argument("--cases", default="128+3x1,256,512,1024,2048,128@256")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--heads", default="9/3/64", help="query heads / kv heads / head size")
+    ap.add_argument("--cases", default=DEFAULT_CASES)
+    ap.add_argument("--routes", default="torch,rows,tiled,auto")
     args = ap.parse_args()
-    torch.set_num_threads(1)
+    torch.set_num_threads(args.threads)
+    hq, hk, d = (int(x) for x in args.heads.split("/"))
     dt = getattr(torch, args.dtype)
-    if TorchAttentionBackend()._use_native(metadata([(0, 2)])[0], HQ, HQ // HK, dt, torch.device("cpu")) is False:
-        print("the C kernel does not build here: nothing to compare")
+    if TorchAttentionBackend()._use_native(metadata([(0, 2)])[0], hq, hq // hk, dt, torch.device("cpu")) is False:
+        print("the C kernels do not build here: nothing to compare")
         return 1
-    print(f"{args.dtype}, ms per layer (best of 20)\n| case | torch (baddbmm / SDPA) | C kernel | ratio | max abs diff |")
-    print("| --- | ---: | ---: | ---: | ---: |")
+    routes = args.routes.split(",")
+    print(f"{args.dtype}, {args.threads} thread(s), heads {hq}/{hk}/{d}, ms per layer (median)")
+    print("| case | " + " | ".join(routes) + " | best C / torch | max diff |")
+    print("| --- |" + " ---: |" * (len(routes) + 2))
     g = torch.Generator().manual_seed(0)
     for case in args.cases.split(","):
         meta, nblocks = metadata(parse_case(case))
         t = sum(meta.query_lens_cpu)
-        cache = torch.randn(2, nblocks + 1, BS, HK, D, generator=g).to(dt)
-        q, k, v = (torch.randn(t, h, D, generator=g).to(dt) for h in (HQ, HK, HK))
-        best, outs = {False: float("inf"), True: float("inf")}, {}
-        for _ in range(2):
-            for native in (False, True):
-                backend = TorchAttentionBackend(native_prefill=native)
-                kv = (cache[0].clone(), cache[1].clone())
-                outs[native] = backend.forward(q, k, v, kv, meta, D**-0.5).float()
-                for _ in range(20):
+        cache = torch.randn(2, nblocks + 1, BS, hk, d, generator=g).to(dt)
+        q, k, v = (torch.randn(t, h, d, generator=g).to(dt) for h in (hq, hk, hk))
+        times: dict[str, list[float]] = {r: [] for r in routes}
+        outs = {}
+        backends = {r: TorchAttentionBackend(prefill_path=None if r == "auto" else r) for r in routes}
+        kv = (cache[0].clone(), cache[1].clone())
+        n_calls = 20
+        for rnd in range(3):
+            for r in routes:
+                outs[r] = backends[r].forward(q, k, v, kv, meta, d**-0.5).float()
+                for _ in range(n_calls):
                     t0 = time.perf_counter()
-                    backend.forward(q, k, v, kv, meta, D**-0.5)
-                    best[native] = min(best[native], time.perf_counter() - t0)
-        diff = (outs[True] - outs[False]).abs().max().item()
-        print(f"| {case} | {best[False] * 1e3:.2f} | {best[True] * 1e3:.2f} | {best[False] / best[True]:.2f}x | {diff:.1e} |")
+                    backends[r].forward(q, k, v, kv, meta, d**-0.5)
+                    times[r].append(time.perf_counter() - t0)
+                if rnd == 0 and r == routes[0]:  # keep a case's rounds to ~1 s per route
+                    n_calls = max(3, min(20, int(0.3 / max(times[r]))))
+        med = {r: statistics.median(times[r]) * 1e3 for r in routes}
+        base = outs.get("torch", next(iter(outs.values())))
+        diff = max((o - base).abs().max().item() for o in outs.values())
+        c_best = min((med[r] for r in ("rows", "tiled") if r in med), default=float("nan"))
+        ratio = med["torch"] / c_best if "torch" in med else float("nan")
+        print(f"| {case} | " + " | ".join(f"{med[r]:.2f}" for r in routes) + f" | {ratio:.2f}x | {diff:.1e} |")
     return 0
 
 

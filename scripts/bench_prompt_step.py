@@ -6,7 +6,8 @@ Prints the medians over --steps such pairs (float32 by default, one torch thread
     python scripts/bench_prompt_step.py [--matmul-kernel-rows N] [--torch-prefill] [--profile]
 
 --matmul-kernel-rows caps the rows our CPU matmul kernel takes (64 = round 4, where prompt
-steps ran on F.linear); --torch-prefill keeps prompts on baddbmm instead of the C kernel;
+steps ran on F.linear); --torch-prefill keeps prompts on baddbmm instead of the C kernels; --prefill-path forces one
+route of gpuworker/attention/torch_backend.py (rows / tiled / torch);
 INFERQ_CPU_KERNELS=0 turns every C kernel off. Alternate settings across runs: this
 machine's speed drifts by 5-15 % over minutes.
 """
@@ -28,6 +29,8 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--matmul-kernel-rows", type=int, default=None)
     ap.add_argument("--torch-prefill", action="store_true")
+    ap.add_argument("--prefill-path", choices=["rows", "tiled", "torch"], default=None,
+                    help="force the attention backend's prefill route (default: its own choice)")
     ap.add_argument("--profile", action="store_true", help="also print torch.profiler's table of one prompt step")
     args = ap.parse_args()
     torch.set_num_threads(1)
@@ -43,6 +46,8 @@ def main() -> int:
                     packed.max_rows = args.matmul_kernel_rows
     if args.torch_prefill:
         eng.model.backend.native_prefill = False
+    if args.prefill_path:
+        eng.model.backend.prefill_path = args.prefill_path
     g = torch.Generator().manual_seed(0)
     prompt = lambda: torch.randint(100, 40000, (args.prompt_len,), generator=g).tolist()  # noqa: E731
     one = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)

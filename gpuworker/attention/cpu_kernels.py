@@ -1,5 +1,6 @@
 """Small C kernels for the CPU path: decode attention straight over the paged KV
-cache (and the rows of prompts that start at position 0), rotary of q and k
+cache, tiled prefill attention over it (kernels/cpu/paged_prefill.c, its own build: see
+that file and ``_PREFILL_FLAGS``; ``prefill_fns`` is empty where it did not build), rotary of q and k
 (bit-identical to the torch ops; llama.rotate_qk), SiLU-and-mul of the MLP
 (llama.silu_and_mul) and a fused residual add + RMSNorm (llama.add_rms_norm).
 
@@ -42,14 +43,20 @@ from kernels.cpu.loader import compiler, cpu_has, cpu_vendor, enabled  # noqa: F
 _FLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-std=c11", "-fno-math-errno", "-fno-trapping-math",
           "-fno-signed-zeros", "-fassociative-math"]
 
+# paged_prefill.c is written in GCC vector extensions: contraction makes its a * b + c FMAs, and
+# it needs no reassociation (its sums are explicit vectors, in a fixed order).
+_PREFILL_FLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-std=c11", "-fno-math-errno",
+                  "-fno-trapping-math", "-ffp-contract=fast"]
+
 _lock = threading.Lock()
 _loaded: "DecodeKernel | None | bool" = False  # False = not tried yet
 
 
 class DecodeKernel:
-    def __init__(self, lib: ctypes.CDLL, path: Path) -> None:
+    def __init__(self, lib: ctypes.CDLL, path: Path, prefill_lib: ctypes.CDLL | None = None) -> None:
         self.path = path
         self.lib = lib
+        self.prefill_lib = prefill_lib
         self.openmp = lib.openmp
         argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,
                     ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
@@ -62,6 +69,14 @@ class DecodeKernel:
             fn.restype = ctypes.c_int
             self.fns[name] = fn
         p, i = ctypes.c_void_p, ctypes.c_int64
+        # paged_prefill.c (its own build; None where it failed): the tiled prefill attention
+        self.prefill_fns = {}
+        if prefill_lib is not None:
+            for name in ("paged_prefill_f32", "paged_prefill_bf16"):
+                fn = getattr(prefill_lib, name)
+                fn.argtypes = [p, i, p, i, p, p, p, i, p, p, p, p, i, i, i, i, i, ctypes.c_float]
+                fn.restype = ctypes.c_int
+                self.prefill_fns[name] = fn
         # elementwise kernels, one C function per dtype, looked up by the tensor's dtype
         self.add_rms_norm = _by_dtype(lib, "add_rms_norm", [p, p, p, p, i, i, ctypes.c_float])
         self.silu_mul = _by_dtype(lib, "silu_mul", [p, i, i, p, i])
@@ -71,6 +86,8 @@ class DecodeKernel:
     def sync(self) -> None:
         """Set the kernels' thread count to torch's (call before a kernel)."""
         loader.sync_threads(self.lib)
+        if self.prefill_lib is not None:
+            loader.sync_threads(self.prefill_lib)
 
 
 def _by_dtype(lib: ctypes.CDLL, stem: str, argtypes: list) -> dict:
@@ -89,7 +106,9 @@ def _build() -> DecodeKernel | None:
     if not enabled():
         return None
     lib = loader.build("paged_decode", _FLAGS)
-    return DecodeKernel(lib, Path(lib._name)) if lib is not None else None
+    if lib is None:
+        return None
+    return DecodeKernel(lib, Path(lib._name), loader.build("paged_prefill", _PREFILL_FLAGS))
 
 
 def load() -> DecodeKernel | None:

@@ -9,11 +9,23 @@ same ``AttentionMetadata``; planning reads only the host lists, so nothing syncs
   ``scaled_dot_product_attention`` runs per group. Sequences are grouped by
   length so a few long contexts do not make every short one gather padding.
   GQA is folded into the query axis (``[B, Hkv, G, D]``): K/V are never repeated.
-* on CPU with the C kernel (gpuworker.attention.cpu_kernels), decode rows and the
-  rows of prefill chunks that start a sequence all go to ONE call of it, straight
-  over the paged cache: each row sees its own number of keys, so the causal mask
-  costs nothing.
-* each other prefill chunk attends over its keys (the new k/v when it starts at
+* on CPU with the C kernels (gpuworker.attention.cpu_kernels) every decode row goes to ONE
+  call of the paged-decode kernel, straight over the paged cache, and every prefill chunk
+  (q_len > 1: a fresh prompt, a later chunk of a long one, a prefix-cache hit, speculative
+  tokens to verify) with >= 8 (token, query head) rows per kv head to ONE call of the tiled
+  prefill kernel (kernels/cpu/paged_prefill.c: a tile of 16 such rows against each 16-key
+  chunk of the cache, online softmax, causal mask only where a chunk crosses the tile's rows).
+  Measured per route (``scripts/bench_prefill_attention.py``, docs/benchmarks.md: 2-2,048
+  tokens, contexts 0/512/1,024, fp32 and bf16, 1 and 2 threads, G = 1/3/4, D = 64/128) it
+  was the fastest from 8 rows on: against baddbmm it skips the masked half of the scores and
+  the gather (1.2-2x at 128-512 tokens after a context, 2.3-12x past 1,024), against the
+  decode kernel's rows each key is loaded once per tile, not once per row (1.4-1.9x for
+  chunks that start a sequence). Below 8 rows (2 tokens x 3 heads) most lanes of a tile
+  idle and the chunk's rows go to the decode kernel (row j sees context + j + 1 keys),
+  up to 2x faster there. Where paged_prefill.c did not build: rows for chunks that start
+  a sequence, the torch path below for chunks with a context. ``prefill_path`` forces one
+  route (tests, the benchmark).
+* otherwise each prefill chunk attends over its keys (the new k/v when it starts at
   position 0, otherwise the cached blocks) with a causal mask offset by its
   context (``key_pos <= context + q_pos``), GQA folded the same way. On CPU an
   explicit baddbmm + softmax + bmm is about 2x faster than SDPA's flash kernel
@@ -35,7 +47,10 @@ from gpuworker.attention.base import AttentionBackend, AttentionMetadata, KVCach
 
 # Above this many score elements per prefill chunk, use SDPA instead of materialising scores.
 _MAX_EXPLICIT_SCORES = 32 * 1024 * 1024
-# Chunks of at most this many rows after a context go to the C decode kernel row by row.
+# Fewest (token, query head) rows per kv head for the tiled prefill kernel (below: the decode kernel's rows).
+_MIN_TILED_ROWS = 8
+# Chunks of at most this many rows after a context (a speculative decode's verification)
+# go to the decode kernel row by row: see _prefill_route.
 _NATIVE_MAX_VERIFY_ROWS = 17
 # Start a new decode group when it saves at least this many gathered blocks.
 _MIN_GROUP_SAVING_BLOCKS = 64
@@ -73,12 +88,25 @@ class _NativeDecode:
 
 
 @dataclass
+class _TiledPrefill:
+    """Prefill chunks for the tiled C kernel (kernels/cpu/paged_prefill.c), one entry per chunk;
+    host int64 arrays, read through their data pointers."""
+
+    q_start: torch.Tensor  # [C] first query row
+    seq_idx: torch.Tensor  # [C] its sequence's row in meta.block_tables
+    q_lens: torch.Tensor  # [C] query rows
+    ctx_lens: torch.Tensor  # [C] tokens cached before the chunk
+    rows: list[tuple[int, int]]  # (start, end) per chunk, for a copy-back when out is not direct
+
+
+@dataclass
 class _Plan:
     write_slots: torch.Tensor
     write_rows: torch.Tensor | None  # rows of k/v that go to write_slots (None = all rows)
     decodes: list[_DecodeGroup] = field(default_factory=list)
     prefills: list[_Prefill] = field(default_factory=list)
     native: _NativeDecode | None = None
+    tiled: _TiledPrefill | None = None
 
 
 def _group_by_length(order: list[int], nbs: dict[int, int], min_saving: int) -> list[list[int]]:
@@ -101,14 +129,21 @@ class TorchAttentionBackend(AttentionBackend):
 
     def __init__(self, max_explicit_scores: int = _MAX_EXPLICIT_SCORES,
                  min_group_saving_blocks: int = _MIN_GROUP_SAVING_BLOCKS,
-                 native_decode: bool | None = None, native_prefill: bool = True) -> None:
+                 native_decode: bool | None = None, native_prefill: bool = True,
+                 prefill_path: str | None = None) -> None:
         """``native_decode``: decode rows through the C paged-attention kernel (CPU,
-        float32/bfloat16, one torch thread) instead of gather + SDPA. None (default)
-        = use it when it builds (``INFERQ_CPU_KERNELS=0`` turns it off).
-        ``native_prefill``: with it, also the prefill chunks that start at position 0."""
+        float32/bfloat16) instead of gather + SDPA. None (default) = use it when it
+        builds (``INFERQ_CPU_KERNELS=0`` turns it off).
+        ``native_prefill``: with it (and the C kernels), prefill chunks go to C kernels too
+        (the route per chunk: ``_prefill_route``); False keeps every chunk on baddbmm/SDPA.
+        ``prefill_path`` forces one route for every chunk ("rows": the decode kernel row by
+        row, "tiled": paged_prefill.c, "torch"); None = the measured choice."""
+        if prefill_path not in (None, "rows", "tiled", "torch"):
+            raise ValueError(f"prefill_path must be rows, tiled or torch, not {prefill_path!r}")
         self.max_explicit_scores = max_explicit_scores
         self.native_decode = native_decode
         self.native_prefill = native_prefill
+        self.prefill_path = prefill_path
         self._native_kernel = None
         self._scratch: torch.Tensor | None = None  # fp32 scores of the C kernel, grow-only
         self.min_group_saving_blocks = min_group_saving_blocks
@@ -133,36 +168,33 @@ class TorchAttentionBackend(AttentionBackend):
         decode_seqs: list[int] = []
         decode_rows: dict[int, int] = {}
         native = self._use_native(meta, num_heads, groups, dtype, device)
-        # The C kernel's rows: (query row, sequence, keys it sees). A prefill chunk that
-        # starts a sequence goes there too (its row j sees j + 1 keys): the kernel skips
-        # the masked half of the scores that baddbmm/SDPA compute: even at 128 tokens,
-        # 1.2x at 256-512, 2.5-3x at 1,024-2,048 in fp32 here (scripts/
-        # bench_prefill_attention.py). With a context it is ~2x slower than baddbmm
-        # (dot products vs a matmul over the mostly unmasked scores): those stay.
+        # The decode kernel's rows: (query row, sequence, keys it sees); the tiled kernel's chunks.
+        # Each chunk's route: _prefill_route (the measured choice, see the module docstring).
         n_rows: list[int] = []
         n_seqs: list[int] = []
         n_lens: list[int] = []
+        tiled: list[tuple[int, int, int, int]] = []  # (first row, sequence, q_len, context)
         row = 0
         for i, (q_len, s_len) in enumerate(zip(meta.query_lens_cpu, meta.seq_lens_cpu)):
+            route = "rows" if q_len == 1 else self._prefill_route(q_len, s_len - q_len, groups, native)
             if q_len == 1:
                 decode_seqs.append(i)
                 decode_rows[i] = row
-                if native:
-                    n_rows.append(row)
-                    n_seqs.append(i)
-                    n_lens.append(s_len)
-            elif native and (q_len <= _NATIVE_MAX_VERIFY_ROWS or q_len == s_len and self.native_prefill):
-                # A few rows after a context (a speculative decode verifying its proposals)
-                # are decode rows each seeing one more key: the same kernel, the same sums,
-                # so a verified token's logits equal a plain decode's.
+            if route == "rows":
                 n_rows.extend(range(row, row + q_len))
                 n_seqs.extend([i] * q_len)
                 n_lens.extend(range(s_len - q_len + 1, s_len + 1))
+            elif route == "tiled":
+                tiled.append((row, i, q_len, s_len - q_len))
             elif q_len > 1:
                 plan.prefills.append(self._plan_prefill(meta, i, row, q_len, s_len, num_heads, groups, dtype, device))
             row += q_len
+        if tiled:
+            cols = list(zip(*tiled))
+            plan.tiled = _TiledPrefill(*(torch.tensor(c, dtype=torch.int64) for c in cols),
+                                       rows=[(r, r + n) for r, _, n, _ in tiled])
 
-        if n_rows:
+        if n_rows and native:
             plan.native = _NativeDecode(
                 q_rows=torch.tensor(n_rows, dtype=torch.int64),
                 seq_idx=torch.tensor(n_seqs, dtype=torch.int64),
@@ -195,6 +227,33 @@ class TorchAttentionBackend(AttentionBackend):
                     )
                 )
         return plan
+
+    def _prefill_route(self, q_len: int, context: int, groups: int, native: bool) -> str:
+        """Which path a prefill chunk of ``q_len`` (> 1) rows after ``context`` cached tokens
+        takes: "rows" (the decode kernel, row by row), "tiled" (paged_prefill.c) or "torch"."""
+        if native and context > 0 and q_len <= _NATIVE_MAX_VERIFY_ROWS and self.prefill_path is None:
+            # A speculative verification: each row is a decode row seeing one more key, through the
+            # same kernel and the same sums as a plain decode, so a verified token's logits equal the
+            # non-speculative ones bit for bit (the tiled kernel was faster at G >= 3, by ~0.03 ms
+            # a layer at 5 rows: not worth greedy outputs that could differ at a near-tie).
+            return "rows"
+        if not native or not self.native_prefill:
+            return "torch"
+        tiled_ok = bool(self._native_kernel.prefill_fns)
+        if self.prefill_path is not None:
+            return "rows" if self.prefill_path == "tiled" and not tiled_ok else self.prefill_path
+        # A tile holds 16 (token, query head) rows of one kv head: with fewer than 8 of them (2
+        # tokens x 3 heads, a short speculative verification) most of its lanes idle, and the
+        # decode kernel's rows were faster (2@512: 0.08 vs 0.11 ms; baddbmm 0.15).
+        if q_len * groups < _MIN_TILED_ROWS:
+            return "rows"
+        # Otherwise the tiled kernel won every measured case (docs/benchmarks.md,
+        # scripts/bench_prefill_attention.py): a matmul's work (a tile's rows share each key)
+        # without the masked half of the scores or a gather. Where it did not build: the rows of
+        # a chunk that starts a sequence (no mask, no masked half), baddbmm for one with a context.
+        if tiled_ok:
+            return "tiled"
+        return "rows" if context == 0 else "torch"
 
     def _use_native(self, meta: AttentionMetadata, num_heads: int, groups: int, dtype, device) -> bool:
         if self.native_decode is False or device.type != "cpu" or dtype not in (torch.float32, torch.bfloat16):
@@ -260,6 +319,8 @@ class TorchAttentionBackend(AttentionBackend):
         out = torch.empty_like(q)
         if plan.native is not None:
             self._decode_native(q, out, key_cache, value_cache, meta, plan.native, scale)
+        if plan.tiled is not None:
+            self._prefill_tiled(q, out, key_cache, value_cache, meta, plan.tiled, scale)
         for group in plan.decodes:
             out[group.rows] = self._decode(q[group.rows], key_cache, value_cache, group, scale).to(out.dtype)
         for pre in plan.prefills:
@@ -291,6 +352,31 @@ class TorchAttentionBackend(AttentionBackend):
             raise RuntimeError(f"CPU decode kernel rejected heads={num_heads}/{num_kv_heads} head_dim={head_dim}")
         if not direct:
             out[nd.q_rows] = on[nd.q_rows].to(out.dtype)
+
+    def _prefill_tiled(self, q, out, key_cache, value_cache, meta: AttentionMetadata,
+                       tp: _TiledPrefill, scale: float) -> None:
+        """Every tiled-route chunk in one C call (kernels/cpu/paged_prefill.c), straight over
+        the paged cache (the chunks' own k/v were written there first)."""
+        num_heads, head_dim = q.shape[1], q.shape[2]
+        num_kv_heads = key_cache.shape[2]
+        dt = key_cache.dtype
+        qn = q if q.dtype == dt and q.stride(2) == 1 and q.stride(1) == head_dim else q.to(dt).contiguous()
+        direct = out.dtype == dt and out.stride(2) == 1 and out.stride(1) == head_dim
+        on = out if direct else torch.empty(q.shape, dtype=dt)
+        kern = self._native_kernel
+        kern.sync()
+        assert key_cache.is_contiguous() and value_cache.is_contiguous()
+        tables = meta.block_tables
+        fn = kern.prefill_fns["paged_prefill_bf16" if dt == torch.bfloat16 else "paged_prefill_f32"]
+        rc = fn(qn.data_ptr(), qn.stride(0), on.data_ptr(), on.stride(0),
+                key_cache.data_ptr(), value_cache.data_ptr(), tables.data_ptr(), tables.stride(0),
+                tp.q_start.data_ptr(), tp.seq_idx.data_ptr(), tp.q_lens.data_ptr(), tp.ctx_lens.data_ptr(),
+                tp.q_start.numel(), num_heads, num_kv_heads, head_dim, key_cache.shape[1], float(scale))
+        if rc != 0:
+            raise RuntimeError(f"CPU prefill kernel rejected heads={num_heads}/{num_kv_heads} head_dim={head_dim}")
+        if not direct:
+            for start, end in tp.rows:
+                out[start:end] = on[start:end].to(out.dtype)
 
     def _gather(self, cache: torch.Tensor, blocks: torch.Tensor, which: int) -> torch.Tensor:
         """cache[blocks] into a reused buffer; valid until the next gather of the same kind."""

@@ -31,6 +31,26 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     return torch.einsum("hs,shd->hd", scores.softmax(-1), v).to(q.dtype)
 
 
+def paged_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
+                  context: int, scale: float) -> torch.Tensor:
+    """paged_prefill.c ``paged_prefill_{f32,bf16}`` for one chunk: query rows ``q`` [Q, Hq, D] at
+    positions ``context .. context + Q - 1`` against the sequence's ``context + Q`` cached tokens
+    (the chunk's own k/v already written), causal: row i sees keys 0 .. context + i. fp32 inside;
+    the kernel's online softmax adds in another order and uses its own exp (within fp32 rounding)."""
+    n_q = q.shape[0]
+    seq_len = context + n_q
+    bs = k_cache.shape[1]
+    nblocks = -(-seq_len // bs)
+    k = k_cache[block_table[:nblocks].long()].flatten(0, 1)[:seq_len].float()  # [S, Hkv, D]
+    v = v_cache[block_table[:nblocks].long()].flatten(0, 1)[:seq_len].float()
+    g = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
+    scores = torch.einsum("qhd,shd->hqs", q.float(), k) * scale
+    allowed = torch.arange(seq_len)[None, :] <= torch.arange(context, seq_len)[:, None]  # [Q, S]
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    return torch.einsum("hqs,shd->qhd", scores.softmax(-1), v).to(q.dtype)
+
+
 def rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """paged_decode.c ``rotary_{f32,bf16}``: ``swap_halves(x) * sin + x * cos`` for q [T, Hq, D]
     and k [T, Hk, D], cos/sin [T, 1, D] (sign folded into sin); bit-identical (no sums)."""

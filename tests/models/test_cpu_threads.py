@@ -99,3 +99,39 @@ def test_paged_decode(dtype, lens, hq, hkv, d):
     for i, n in enumerate(lens):
         want = reference.paged_decode(q[i], kc, vc, tables[i], n, 0.125)
         assert torch.allclose(out[i].float(), want.float(), rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("chunks,hq,hkv,d", [([(0, 37)], 9, 3, 64), ([(100, 9), (0, 16), (31, 64)], 8, 2, 128),
+                                             ([(5, 2), (300, 40), (0, 1)], 8, 1, 64), ([(16, 33)], 4, 4, 80)])
+def test_paged_prefill(dtype, chunks, hq, hkv, d):
+    if not KERNELS.prefill_fns:
+        pytest.skip("paged_prefill.c did not build")
+    bs, nblocks = 16, 64
+    kc, vc = torch.randn(nblocks, bs, hkv, d).to(dtype), torch.randn(nblocks, bs, hkv, d).to(dtype)
+    width = max(-(-(c + n) // bs) for c, n in chunks)
+    tables = torch.stack([torch.randperm(nblocks)[:width] for _ in chunks]).to(torch.int32)
+    total = sum(n for _, n in chunks)
+    q = torch.randn(total, hq, d).to(dtype)
+    starts = torch.tensor([0] + [n for _, n in chunks][:-1], dtype=torch.int64).cumsum(0)
+    seqs = torch.arange(len(chunks), dtype=torch.int64)
+    q_lens = torch.tensor([n for _, n in chunks], dtype=torch.int64)
+    ctx = torch.tensor([c for c, _ in chunks], dtype=torch.int64)
+    fn = KERNELS.prefill_fns["paged_prefill_bf16" if dtype == torch.bfloat16 else "paged_prefill_f32"]
+
+    def run():
+        KERNELS.sync()
+        out = torch.zeros_like(q)
+        rc = fn(q.data_ptr(), q.stride(0), out.data_ptr(), out.stride(0), kc.data_ptr(), vc.data_ptr(),
+                tables.data_ptr(), tables.stride(0), starts.data_ptr(), seqs.data_ptr(), q_lens.data_ptr(),
+                ctx.data_ptr(), len(chunks), hq, hkv, d, bs, d**-0.5)
+        assert rc == 0
+        return (out,)
+
+    (out,) = same_at_1_and_2(run)
+    from kernels.cpu import reference
+
+    for s, (c, n) in enumerate(chunks):
+        st = int(starts[s])
+        want = reference.paged_prefill(q[st : st + n], kc, vc, tables[s], c, d**-0.5)
+        assert torch.allclose(out[st : st + n].float(), want.float(), rtol=2e-2, atol=2e-2)

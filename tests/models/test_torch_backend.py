@@ -41,6 +41,8 @@ VARIANTS = {
     "grouped_decodes": {"min_group_saving_blocks": 1, "native_decode": False},
     "torch_decodes": {"native_decode": False},
     "torch_prefills": {"native_prefill": False},
+    "tiled_prefills": {"prefill_path": "tiled"},  # kernels/cpu/paged_prefill.c for every chunk
+    "row_prefills": {"prefill_path": "rows"},  # the decode kernel row by row, contexts too
 }
 
 
@@ -196,21 +198,32 @@ def test_native_decode_matches_naive_reference(case, groups, one_thread):
 
 def test_native_decode_is_used_and_skips_the_gather(one_thread):
     _native_or_skip()
-    backend = TorchAttentionBackend()
     seqs = [(500, 1), (20, 1), (0, 5), (490, 1)]
     tables = [list(range(i * 40, i * 40 + -(-(c + q) // 16))) for i, (c, q) in enumerate(seqs)]
     meta, _ = build_metadata(seqs, tables, 16)
-    plan = backend._make_plan(meta, 4, 2, torch.float32, torch.device("cpu"))
-    assert plan.native is not None and plan.decodes == []
-    # the prompt that starts at position 0 joins the call, each row with its own key count
+    # the rows route: the prompt that starts at position 0 joins the call, each row with its own key count
+    plan = TorchAttentionBackend(prefill_path="rows")._make_plan(meta, 4, 2, torch.float32, torch.device("cpu"))
+    assert plan.native is not None and plan.decodes == [] and plan.tiled is None
     assert plan.native.q_rows.tolist() == [0, 1, 2, 3, 4, 5, 6, 7]
     assert plan.native.seq_idx.tolist() == [0, 1, 2, 2, 2, 2, 2, 3]
     assert plan.native.lens.tolist() == [501, 21, 1, 2, 3, 4, 5, 491] and plan.prefills == []
     assert plan.native.max_len == 501
-    # a chunk with a context stays on the batched path
-    meta, _ = build_metadata([(20, 1), (32, 8)], [[0, 1], [2, 3, 4]], 16)
+    # by default (the tiled kernel built) decodes take the rows, every prompt chunk the tiled kernel,
+    # with or without a context
+    backend = TorchAttentionBackend()
     plan = backend._make_plan(meta, 4, 2, torch.float32, torch.device("cpu"))
-    assert plan.native.q_rows.tolist() == [0] and len(plan.prefills) == 1 and plan.prefills[0].context == 32
+    if not backend._native_kernel.prefill_fns:
+        pytest.skip("paged_prefill.c did not build")
+    assert plan.native.q_rows.tolist() == [0, 1, 7] and plan.native.lens.tolist() == [501, 21, 491]
+    assert plan.tiled.q_start.tolist() == [2] and plan.tiled.q_lens.tolist() == [5] and plan.prefills == []
+    # ... but a chunk of fewer than 8 (token, head) rows per kv head (here 3 tokens x 2 heads, a
+    # speculative verification) takes the decode kernel's rows
+    meta, _ = build_metadata([(20, 1), (32, 8), (7, 4), (40, 3)], [[0, 1], [2, 3, 4], [5], [6, 7, 8]], 16)
+    plan = backend._make_plan(meta, 4, 2, torch.float32, torch.device("cpu"))
+    assert plan.native.q_rows.tolist() == [0, 13, 14, 15] and plan.native.lens.tolist() == [21, 41, 42, 43]
+    assert plan.tiled.q_start.tolist() == [1, 9] and plan.tiled.seq_idx.tolist() == [1, 2]
+    assert plan.tiled.ctx_lens.tolist() == [32, 7] and plan.tiled.q_lens.tolist() == [8, 4]
+    assert plan.prefills == []
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -272,6 +285,39 @@ def test_native_prefill_equals_torch_path(dtype, one_thread):
         assert (backend._plan.prefills == []) == native
     # bf16: the torch paths round the probabilities to bf16 before p.v (2^-8 relative
     # per term), the kernel keeps them in fp32; both round the output once.
+    tol = 1e-5 if dtype == torch.float32 else 2**-6 * max(1.0, outs[0].abs().max().item())
+    for other in outs[1:]:
+        err = (outs[0] - other).abs().max().item()
+        assert err < tol, f"max abs diff {err}"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_tiled_prefill_equals_torch_path(dtype, one_thread):
+    """Chunks with a context (a later chunk, a prefix-cache hit; one past the explicit-scores
+    limit, so SDPA's path is compared too), a fresh prompt and decodes in one step: the tiled
+    kernel (kernels/cpu/paged_prefill.c) against baddbmm/SDPA and the decode kernel's rows."""
+    _native_or_skip()
+    n_kv, groups, head_dim, bs = 3, 3, 64, 16
+    seqs = [(200, 300), (40, 1), (0, 17), (16, 5), (129, 1), (777, 64)]
+    tables, nxt = [], 0
+    for c, q in seqs:
+        n = -(-(c + q) // bs)
+        tables.append(list(range(nxt + n - 1, nxt - 1, -1)))  # blocks in reverse: not contiguous
+        nxt += n
+    meta, _ = build_metadata(seqs, tables, bs)
+    t = sum(q for _, q in seqs)
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(t, n_kv * groups, head_dim, generator=g).to(dtype)
+    k = (torch.randn(t, n_kv, head_dim, generator=g) * 2).to(dtype)
+    v = torch.randn(t, n_kv, head_dim, generator=g).to(dtype)
+    cache = (torch.randn(2, nxt + 2, bs, n_kv, head_dim, generator=g) * 2).to(dtype)
+    outs = []
+    for path, limit in (("tiled", 0), ("torch", 0), ("torch", 1 << 30), ("rows", 0)):
+        backend = TorchAttentionBackend(prefill_path=path, max_explicit_scores=limit)
+        kc, vc = cache[0].clone(), cache[1].clone()
+        outs.append(backend.forward(q, k, v, (kc, vc), meta, head_dim**-0.5).float())
+        assert (backend._plan.tiled is not None) == (path == "tiled")
+        assert (backend._plan.prefills == []) == (path != "torch")
     tol = 1e-5 if dtype == torch.float32 else 2**-6 * max(1.0, outs[0].abs().max().item())
     for other in outs[1:]:
         err = (outs[0] - other).abs().max().item()
