@@ -216,13 +216,15 @@ def test_native_decode_is_used_and_skips_the_gather(one_thread):
         pytest.skip("paged_prefill.c did not build")
     assert plan.native.q_rows.tolist() == [0, 1, 7] and plan.native.lens.tolist() == [501, 21, 491]
     assert plan.tiled.q_start.tolist() == [2] and plan.tiled.q_lens.tolist() == [5] and plan.prefills == []
-    # ... but a chunk of fewer than 8 (token, head) rows per kv head (here 3 tokens x 2 heads, a
-    # speculative verification) takes the decode kernel's rows
-    meta, _ = build_metadata([(20, 1), (32, 8), (7, 4), (40, 3)], [[0, 1], [2, 3, 4], [5], [6, 7, 8]], 16)
+    # ... but up to 17 tokens after a context (a speculative verification, or a short chunk) take the
+    # decode kernel's rows, so a verified token's logits equal a plain decode's bit for bit
+    meta, _ = build_metadata([(20, 1), (32, 24), (7, 20), (40, 3), (16, 17)],
+                             [[0, 1], [2, 3, 4, 5], [9, 10], [6, 7, 8], [11, 12, 13]], 16)
     plan = backend._make_plan(meta, 4, 2, torch.float32, torch.device("cpu"))
-    assert plan.native.q_rows.tolist() == [0, 13, 14, 15] and plan.native.lens.tolist() == [21, 41, 42, 43]
-    assert plan.tiled.q_start.tolist() == [1, 9] and plan.tiled.seq_idx.tolist() == [1, 2]
-    assert plan.tiled.ctx_lens.tolist() == [32, 7] and plan.tiled.q_lens.tolist() == [8, 4]
+    assert plan.native.q_rows.tolist() == [0] + list(range(45, 65))
+    assert plan.native.lens.tolist() == [21, 41, 42, 43] + list(range(17, 34))
+    assert plan.tiled.q_start.tolist() == [1, 25] and plan.tiled.seq_idx.tolist() == [1, 2]
+    assert plan.tiled.ctx_lens.tolist() == [32, 7] and plan.tiled.q_lens.tolist() == [24, 20]
     assert plan.prefills == []
 
 
