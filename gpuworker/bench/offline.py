@@ -20,6 +20,8 @@ from typing import Callable
 
 import torch
 
+from gpuworker.bench.random_model_shapes import SHAPES
+
 
 @dataclass
 class Workload:
@@ -127,6 +129,12 @@ def run_hf_generate_batch(model, wl: Workload, max_batch_tokens: int, num_blocks
 def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="inferq bench offline", description=__doc__.splitlines()[0])
     p.add_argument("--model", default=None, help="HF folder or .gguf (default: bundled SmolLM2-135M-Instruct)")
+    p.add_argument("--random-model", default=None, choices=sorted(SHAPES),
+                   help="instead of --model: random weights in that real model's shape, written once "
+                        "(see gpuworker/bench/random_model.py) in the benchmark's dtype")
+    p.add_argument("--random-model-dir", default=None,
+                   help="where random-weight folders are cached (default: ~/.cache/inferq/random-models)")
+    p.add_argument("--random-model-seed", type=int, default=0)
     p.add_argument("--num-requests", type=int, default=64)
     p.add_argument("--min-input", type=int, default=16)
     p.add_argument("--max-input", type=int, default=512)
@@ -150,6 +158,23 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
+def random_folder(args):
+    """The cached random-weight folder for --random-model, in the dtype the engine will run."""
+    from gpuworker.bench.random_model import random_model_folder
+    from gpuworker.config import EngineConfig
+
+    cfg = EngineConfig(dtype=args.dtype, device=args.device)
+    dtype = cfg.resolved_dtype(cfg.resolved_device())
+    return random_model_folder(args.random_model, dtype=str(dtype).removeprefix("torch."),
+                               seed=args.random_model_seed, root=args.random_model_dir)
+
+
+def _longest(*workloads: Workload) -> int:
+    """Tokens of the longest request (its warm-up makes up to 8 per prompt): vLLM's
+    max_model_len, since a real model's 32k-128k context would not fit its KV cache space."""
+    return max(len(p) + max(o, 8) for wl in workloads for p, o in zip(wl.prompts, wl.output_lens))
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--step" in argv:  # the per-step host overhead benchmark (gpuworker/bench/step.py)
@@ -162,6 +187,11 @@ def main(argv=None) -> int:
     from gpuworker import LLM
     from gpuworker.models.loader import resolve_model_folder
 
+    if args.random_model:
+        if args.model:
+            raise SystemExit("give --model or --random-model, not both")
+        args.model = str(random_folder(args))
+
     llm = LLM(
         model=args.model, dtype=args.dtype, device=args.device,
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
@@ -169,12 +199,15 @@ def main(argv=None) -> int:
     )
     eng = llm.engine
     dtype = next(eng.model.parameters()).dtype
+    # Prompt ids below both the model's rows and the tokenizer's size (a random-weight folder
+    # keeps the real vocabulary with the bundled, smaller tokenizer; vLLM rejects unknown ids).
+    vocab = min(eng.model_config.vocab_size, len(eng.tokenizer))
     wl = make_workload(args.num_requests, args.min_input, args.max_input, args.min_output, args.max_output,
-                       eng.model_config.vocab_size, args.seed)
+                       vocab, args.seed)
     print(f"workload: {args.num_requests} requests, {wl.prompt_tokens} prompt tokens, {wl.output_tokens} output tokens; "
           f"device {eng.device}, {dtype}, {args.threads} torch threads", flush=True)
 
-    warm = make_workload(4, 8, 32, 4, 8, eng.model_config.vocab_size, args.seed + 1)
+    warm = make_workload(4, 8, 32, 4, 8, vocab, args.seed + 1)
     peers = [x for x in args.peers.split(",") if x and x != "none"]
     unknown = set(peers) - {"static", "generate_batch", "vllm"}
     if unknown:
@@ -186,7 +219,8 @@ def main(argv=None) -> int:
         folder, _, _ = resolve_model_folder(args.model)
         vllm = VllmPeer(vllm_python(args.vllm_python), str(folder), wl.prompts, wl.output_lens,
                         dtype=str(dtype).removeprefix("torch."), max_num_seqs=args.max_num_seqs,
-                        max_num_batched_tokens=args.max_num_batched_tokens, threads=args.threads)
+                        max_num_batched_tokens=args.max_num_batched_tokens, threads=args.threads,
+                        max_model_len=min(eng.model_config.max_model_len, _longest(wl, warm)))
         print(f"  vLLM ready after {vllm.startup_s:.0f} s (load, compile, warm-up)", flush=True)
     run_inferq(llm, warm)
     ours_s, vllm_s = [], []
