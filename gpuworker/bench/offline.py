@@ -10,6 +10,7 @@ extra tokens a static batch makes for its slowest member do not count).
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import random
 import statistics
@@ -19,6 +20,8 @@ from dataclasses import asdict, dataclass
 from typing import Callable
 
 import torch
+
+from gpuworker.bench.random_model_shapes import SHAPES
 
 
 @dataclass
@@ -127,6 +130,12 @@ def run_hf_generate_batch(model, wl: Workload, max_batch_tokens: int, num_blocks
 def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="inferq bench offline", description=__doc__.splitlines()[0])
     p.add_argument("--model", default=None, help="HF folder or .gguf (default: bundled SmolLM2-135M-Instruct)")
+    p.add_argument("--random-model", default=None, choices=sorted(SHAPES),
+                   help="instead of --model: random weights in that real model's shape, written once "
+                        "(see gpuworker/bench/random_model.py) in the benchmark's dtype")
+    p.add_argument("--random-model-dir", default=None,
+                   help="where random-weight folders are cached (default: ~/.cache/inferq/random-models)")
+    p.add_argument("--random-model-seed", type=int, default=0)
     p.add_argument("--num-requests", type=int, default=64)
     p.add_argument("--min-input", type=int, default=16)
     p.add_argument("--max-input", type=int, default=512)
@@ -144,10 +153,30 @@ def parse_args(argv=None):
                    help="comma list: static, generate_batch, vllm (its own venv, see --vllm-python), or none")
     p.add_argument("--vllm-python", default=None,
                    help="Python of vLLM's virtual environment (default: $INFERQ_VLLM_PYTHON; scripts/setup_vllm_peer.sh makes one)")
+    p.add_argument("--vllm-after-inferq", action="store_true",
+                   help="run inferq's repeats, free its engine, then start vLLM for its repeats (not interleaved): "
+                        "for models too large to hold in both systems at once")
     p.add_argument("--json", default=None, help="also write the results here")
     p.add_argument("--step", action="store_true",
                    help="instead: per-step host time at batch 1/64/256 on a tiny model (see `--step --help`)")
     return p.parse_args(argv)
+
+
+def random_folder(args):
+    """The cached random-weight folder for --random-model, in the dtype the engine will run."""
+    from gpuworker.bench.random_model import random_model_folder
+    from gpuworker.config import EngineConfig
+
+    cfg = EngineConfig(dtype=args.dtype, device=args.device)
+    dtype = cfg.resolved_dtype(cfg.resolved_device())
+    return random_model_folder(args.random_model, dtype=str(dtype).removeprefix("torch."),
+                               seed=args.random_model_seed, root=args.random_model_dir)
+
+
+def _longest(*workloads: Workload) -> int:
+    """Tokens of the longest request (its warm-up makes up to 8 per prompt): vLLM's
+    max_model_len, since a real model's 32k-128k context would not fit its KV cache space."""
+    return max(len(p) + max(o, 8) for wl in workloads for p, o in zip(wl.prompts, wl.output_lens))
 
 
 def main(argv=None) -> int:
@@ -162,6 +191,11 @@ def main(argv=None) -> int:
     from gpuworker import LLM
     from gpuworker.models.loader import resolve_model_folder
 
+    if args.random_model:
+        if args.model:
+            raise SystemExit("give --model or --random-model, not both")
+        args.model = str(random_folder(args))
+
     llm = LLM(
         model=args.model, dtype=args.dtype, device=args.device,
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
@@ -169,25 +203,37 @@ def main(argv=None) -> int:
     )
     eng = llm.engine
     dtype = next(eng.model.parameters()).dtype
+    device, tokenizer, eos_ids = eng.device, eng.tokenizer, eng.eos_token_ids  # for the HF peers after eng is freed
+    # Prompt ids below both the model's rows and the tokenizer's size (a random-weight folder
+    # keeps the real vocabulary with the bundled, smaller tokenizer; vLLM rejects unknown ids).
+    vocab = min(eng.model_config.vocab_size, len(eng.tokenizer))
     wl = make_workload(args.num_requests, args.min_input, args.max_input, args.min_output, args.max_output,
-                       eng.model_config.vocab_size, args.seed)
+                       vocab, args.seed)
     print(f"workload: {args.num_requests} requests, {wl.prompt_tokens} prompt tokens, {wl.output_tokens} output tokens; "
           f"device {eng.device}, {dtype}, {args.threads} torch threads", flush=True)
 
-    warm = make_workload(4, 8, 32, 4, 8, eng.model_config.vocab_size, args.seed + 1)
+    warm = make_workload(4, 8, 32, 4, 8, vocab, args.seed + 1)
     peers = [x for x in args.peers.split(",") if x and x != "none"]
     unknown = set(peers) - {"static", "generate_batch", "vllm"}
     if unknown:
         raise SystemExit(f"unknown peer(s) {sorted(unknown)}; choose static, generate_batch, vllm")
     vllm = None
+    start_vllm = None
     if "vllm" in peers:
         from gpuworker.bench.vllm_peer import VllmPeer, vllm_python
 
         folder, _, _ = resolve_model_folder(args.model)
-        vllm = VllmPeer(vllm_python(args.vllm_python), str(folder), wl.prompts, wl.output_lens,
-                        dtype=str(dtype).removeprefix("torch."), max_num_seqs=args.max_num_seqs,
-                        max_num_batched_tokens=args.max_num_batched_tokens, threads=args.threads)
-        print(f"  vLLM ready after {vllm.startup_s:.0f} s (load, compile, warm-up)", flush=True)
+        peer_kwargs = dict(dtype=str(dtype).removeprefix("torch."), max_num_seqs=args.max_num_seqs,
+                           max_num_batched_tokens=args.max_num_batched_tokens, threads=args.threads,
+                           max_model_len=min(eng.model_config.max_model_len, _longest(wl, warm)))
+
+        def start_vllm():
+            peer = VllmPeer(vllm_python(args.vllm_python), str(folder), wl.prompts, wl.output_lens, **peer_kwargs)
+            print(f"  vLLM ready after {peer.startup_s:.0f} s (load, compile, warm-up)", flush=True)
+            return peer
+
+        if not args.vllm_after_inferq:
+            vllm = start_vllm()
     run_inferq(llm, warm)
     ours_s, vllm_s = [], []
     try:
@@ -196,6 +242,12 @@ def main(argv=None) -> int:
             ours_s += timed(lambda: run_inferq(llm, wl), 1)
             if vllm is not None:
                 vllm_s.append(vllm.run())
+        if start_vllm is not None and args.vllm_after_inferq:
+            # One system in memory at a time (a model too large for both side by side).
+            llm = eng = None
+            gc.collect()
+            vllm = start_vllm()
+            vllm_s = [vllm.run() for _ in range(args.repeats)]
     finally:
         if vllm is not None:
             vllm.close()
@@ -209,9 +261,9 @@ def main(argv=None) -> int:
         from transformers import AutoModelForCausalLM
 
         folder, _, _ = resolve_model_folder(args.model)
-        hf = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, attn_implementation="sdpa").to(eng.device).eval()
-        pad = eng.tokenizer.pad_token_id if eng.tokenizer.pad_token_id is not None else eng.eos_token_ids[0]
-        del llm, eng  # free the KV cache before the peers allocate theirs
+        hf = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, attn_implementation="sdpa").to(device).eval()
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
+        llm = eng = None  # free the KV cache before the peers allocate theirs
         if "static" in peers:
             run_hf_static(hf, warm, args.static_batch_size, pad)
             secs = timed(lambda: run_hf_static(hf, wl, args.static_batch_size, pad), args.repeats)

@@ -70,7 +70,7 @@ def _start_peers(args, workload: str, batch: int, prompts, lens, vspec, temperat
         try:
             peers[name] = VllmPeer(vllm_python(args.vllm_python), str(folder), prompts, out_lens, dtype=args.dtype,
                                    max_num_seqs=batch, max_num_batched_tokens=2048, threads=args.threads,
-                                   speculative=sc, batch=batch, temperature=temperature)
+                                   speculative=sc, batch=batch, temperature=temperature, kv_cache_gib=1)
             peers[name].times = []
         except RuntimeError as e:
             print(f"vLLM peer {name!r} (batch {batch}, {workload}) did not start: {str(e).splitlines()[0]}",
@@ -94,7 +94,9 @@ def main(argv=None) -> int:
     spec = {"method": "ngram", "k": args.k, "min_n": args.min_n, "max_n": args.max_n}
     if args.max_batch:
         spec["max_batch"] = args.max_batch
-    common = dict(dtype=args.dtype, max_num_seqs=max(batches), max_num_batched_tokens=2048, enable_prefix_caching=False)
+    # 1 GiB of KV each (~23,000 fp32 tokens): two engines and three vLLM peers fit in 24 GiB.
+    common = dict(dtype=args.dtype, max_num_seqs=max(batches), max_num_batched_tokens=2048, enable_prefix_caching=False,
+                  kv_cache_memory=1 << 30)
     plain = LLM(**common)
     specul = LLM(**common, speculative=spec)
     switch_off = specul.engine.spec.config.max_batch

@@ -48,7 +48,8 @@ class VllmPeer:
     def __init__(self, python: str, model_folder: str, prompts: list[list[int]], output_lens: list[int], *,
                  dtype: str, max_num_seqs: int, max_num_batched_tokens: int, threads: int,
                  kv_cache_gib: int = 2, start_timeout: float = 1800, constraints: list | None = None,
-                 speculative: dict | None = None, batch: int | None = None, temperature: float = 0.0) -> None:
+                 speculative: dict | None = None, batch: int | None = None, temperature: float = 0.0,
+                 max_model_len: int | None = None) -> None:
         """``constraints``: per request None or StructuredOutputs fields (json / regex /
         choice / grammar / json_object); constrained requests stop where their grammar
         ends (EOS not ignored) and ``output_lens`` is their max_tokens. ``speculative``:
@@ -60,7 +61,7 @@ class VllmPeer:
             json.dump({"model": model_folder, "prompts": prompts, "output_lens": output_lens, "dtype": dtype,
                        "max_num_seqs": max_num_seqs, "max_num_batched_tokens": max_num_batched_tokens,
                        "constraints": constraints, "speculative": speculative, "batch": batch,
-                       "temperature": temperature}, f)
+                       "temperature": temperature, "max_model_len": max_model_len}, f)
         env = dict(os.environ)
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib))
         env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
@@ -119,7 +120,8 @@ def _child(job_path: str) -> int:
 
     extra = {"speculative_config": job["speculative"]} if job.get("speculative") else {}
     llm = LLM(model=job["model"], dtype=job["dtype"], max_num_seqs=job["max_num_seqs"],
-              max_num_batched_tokens=job["max_num_batched_tokens"], enable_prefix_caching=False, seed=0, **extra)
+              max_num_batched_tokens=job["max_num_batched_tokens"], enable_prefix_caching=False, seed=0,
+              max_model_len=job.get("max_model_len"), **extra)
     prompts = [{"prompt_token_ids": p} for p in job["prompts"]]
     constraints = job.get("constraints")
     if constraints:
