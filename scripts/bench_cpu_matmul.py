@@ -7,7 +7,7 @@ panels as a batch of matrices (what PackedWeight runs past the kernel's max_rows
 and AVX2). Then a tied embedding's lookup: F.embedding against rows gathered from the LM
 head's panels. Medians of 5 passes.
 
-    python scripts/bench_cpu_matmul.py [--dtype bfloat16|float32] [--rows 1,8,32,64]
+    python scripts/bench_cpu_matmul.py [--dtype bfloat16|float32] [--rows 1,8,32,64] [--no-lm-head | --embedding]
 """
 import argparse
 import statistics
@@ -40,6 +40,7 @@ def main() -> int:
     ap.add_argument("--rows", default="1,8,32,64")
     ap.add_argument("--no-lm-head", action="store_true", help="projections only (a prompt step's LM head "
                     "sees one row per sequence)")
+    ap.add_argument("--embedding", action="store_true", help="only the embedding lookup, for --rows tokens")
     args = ap.parse_args()
     torch.set_num_threads(1)
     dt = getattr(torch, args.dtype)
@@ -61,7 +62,7 @@ def main() -> int:
     print(f"{args.dtype}, weights {gb * 1e3:.0f} MB, 1 thread; ms per pass (GB/s of weights read)")
     print("| rows | " + " | ".join(systems) + " |")
     print("| ---: |" + " ---: |" * len(systems))
-    for rows in (int(r) for r in args.rows.split(",")):
+    for rows in (int(r) for r in args.rows.split(",") if not args.embedding):
         xs = {k: torch.randn(rows, k).to(dt) for k in {k for _, k in SHAPES.values()}}
         cells = []
         for fn in systems.values():
