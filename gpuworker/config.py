@@ -51,8 +51,9 @@ class EngineConfig:
     dtype: Optional[str] = None  # None: bfloat16 on CUDA and on CPUs with AVX512-BF16/AMX, else float32
     device: Optional[str] = None  # None: cuda if available, else cpu
     enforce_eager: bool = False  # True: no CUDA graphs for decode steps
-    # CPU: prepack matmul weights once at load, for our small-batch kernels (fp32, bf16 with AMX;
-    # gpuworker/models/cpu_linear.py) or oneDNN (bf16). None/True: where it works.
+    # CPU: prepack matmul weights once at load, in place of the plain ones, for our kernels (fp32,
+    # bf16 with AMX or AVX512-BF16; gpuworker/models/cpu_linear.py) or oneDNN (bf16). None/True:
+    # where it works.
     prepack_weights: Optional[bool] = None
     # CPU: small C kernels (paged decode attention without the KV gather; rotary; fused
     # residual add + RMSNorm in bfloat16), compiled once with the system C compiler into

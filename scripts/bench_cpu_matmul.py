@@ -2,9 +2,12 @@
 """Micro-benchmark of decode-sized CPU matmuls: SmolLM2-135M's 30 layers of projections
 (qkv, o, gate_up, down, 30 distinct weights each so nothing stays cached) plus its LM
 head, one torch thread, through our kernels (gpuworker/models/cpu_linear.py), oneDNN's
-prepacked weights (what vLLM runs on a CPU) and F.linear. Medians of 5 passes.
+prepacked weights (what vLLM runs on a CPU) and F.linear; in float32 also MKL reading our
+panels as a batch of matrices (what PackedWeight runs past the kernel's max_rows on Intel
+and AVX2). Then a tied embedding's lookup: F.embedding against rows gathered from the LM
+head's panels. Medians of 5 passes.
 
-    python scripts/bench_cpu_matmul.py [--dtype bfloat16|float32] [--rows 1,8,32,64]
+    python scripts/bench_cpu_matmul.py [--dtype bfloat16|float32] [--rows 1,8,32,64] [--no-lm-head | --embedding]
 """
 import argparse
 import statistics
@@ -37,6 +40,7 @@ def main() -> int:
     ap.add_argument("--rows", default="1,8,32,64")
     ap.add_argument("--no-lm-head", action="store_true", help="projections only (a prompt step's LM head "
                     "sees one row per sequence)")
+    ap.add_argument("--embedding", action="store_true", help="only the embedding lookup, for --rows tokens")
     args = ap.parse_args()
     torch.set_num_threads(1)
     dt = getattr(torch, args.dtype)
@@ -48,7 +52,9 @@ def main() -> int:
     packs = {}
     if lib is not None and all(cpu_linear.can_pack(lib, w) for ws in weights.values() for w in ws):
         packs["ours"] = {id(w): cpu_linear.PackedWeight(lib, w) for ws in weights.values() for w in ws}
-        systems["ours"] = lambda x, w: packs["ours"][id(w)](x, None)
+        systems["ours"] = lambda x, w: packs["ours"][id(w)]._kernel(x, None)
+        if dt == torch.float32:
+            systems["MKL on panels"] = lambda x, w: packs["ours"][id(w)]._mkl_on_panels(x, None)
     if hasattr(torch.ops.mkldnn, "_reorder_linear_weight"):  # vLLM's CPU path, both dtypes
         packs["onednn"] = {id(w): torch.ops.mkldnn._reorder_linear_weight(w, 32) for ws in weights.values() for w in ws}
         systems["oneDNN prepacked"] = lambda x, w: torch.ops.mkldnn._linear_pointwise(
@@ -56,13 +62,21 @@ def main() -> int:
     print(f"{args.dtype}, weights {gb * 1e3:.0f} MB, 1 thread; ms per pass (GB/s of weights read)")
     print("| rows | " + " | ".join(systems) + " |")
     print("| ---: |" + " ---: |" * len(systems))
-    for rows in (int(r) for r in args.rows.split(",")):
+    for rows in (int(r) for r in args.rows.split(",") if not args.embedding):
         xs = {k: torch.randn(rows, k).to(dt) for k in {k for _, k in SHAPES.values()}}
         cells = []
         for fn in systems.values():
             s = median_s(lambda: [fn(xs[w.shape[1]], w) for ws in weights.values() for w in ws])
             cells.append(f"{s * 1e3:.1f} ({gb / s:.1f})")
         print(f"| {rows} | " + " | ".join(cells) + " |")
+    if "ours" in packs and "lm_head" in weights:
+        table = weights["lm_head"][0]
+        head = packs["ours"][id(table)]
+        print("\nembedding lookup (ms): | tokens | F.embedding | rows from the panels |")
+        for rows in (int(r) for r in args.rows.split(",")):
+            ids = torch.randint(0, table.shape[0], (rows,))
+            plain_s, panel_s = median_s(lambda: F.embedding(ids, table)), median_s(lambda: head.rows(ids))
+            print(f"| {rows} | {plain_s * 1e3:.3f} | {panel_s * 1e3:.3f} |")
     return 0
 
 

@@ -5,9 +5,10 @@ Prints the medians over --steps such pairs (float32 by default, one torch thread
 
     python scripts/bench_prompt_step.py [--matmul-kernel-rows N] [--torch-prefill] [--profile]
 
---matmul-kernel-rows caps the rows our CPU matmul kernel takes (64 = round 4, where prompt
-steps ran on F.linear); --torch-prefill keeps prompts on baddbmm instead of the C kernels; --prefill-path forces one
-route of gpuworker/attention/torch_backend.py (rows / tiled / torch);
+--matmul-kernel-rows caps the rows our CPU matmul kernel takes (past it: MKL on the fp32
+panels, as on Intel past 64 rows; the bf16 kernel in chunks of that many rows); --torch-prefill keeps
+prompts on baddbmm instead of the C kernels; --prefill-path forces one route of
+gpuworker/attention/torch_backend.py (rows / tiled / torch);
 INFERQ_CPU_KERNELS=0 turns every C kernel off. Alternate settings across runs: this
 machine's speed drifts by 5-15 % over minutes.
 """

@@ -58,3 +58,16 @@ def retain_freed_memory() -> int | None:
                          threshold >> 20)
                 break
         return _applied
+
+
+def release_free_memory() -> bool:
+    """Hand the heap's free pages back to the kernel now (glibc ``malloc_trim(0)``): once,
+    after load, where prepacking freed each plain weight as its packed copy was made (the raised
+    trim threshold would keep those pages resident). Returns whether anything was released."""
+    try:
+        trim = ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return False
+    trim.argtypes = [ctypes.c_size_t]
+    trim.restype = ctypes.c_int
+    return trim(0) == 1

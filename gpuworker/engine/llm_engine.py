@@ -63,6 +63,7 @@ class LLMEngine:
             packing = self.model.prepack_cpu_weights(kernels=config.cpu_kernels is not False)
             if packing:
                 log.info("matmul weights prepacked for %s (CPU %s)", packing, str(dtype).removeprefix("torch."))
+                host_malloc.release_free_memory()  # the plain weights' pages, freed one by one as packed
         if self.device.type == "cpu" and hasattr(self.backend, "native_decode"):
             if config.cpu_kernels is False:
                 self.backend.native_decode = False

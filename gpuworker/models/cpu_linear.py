@@ -11,7 +11,9 @@ pass with software prefetch), each row chunk reusing the panel from L1/L2:
 * bfloat16 on Intel AMX: the panel as pairs of B tiles, 32-row chunks of x as A
   tiles (a tail chunk zero-padded), fp32 accumulation in the tiles (``tdpbf16ps``),
   bias in fp32, one rounding to bf16 as oneDNN does: equal to ``F.linear`` up to 32
-  rows on this machine. ~1.2-1.3x oneDNN's prepacked speed at 1-32 rows.
+  rows on this machine. ~1.2-1.3x oneDNN's prepacked speed at 1-32 rows. Larger
+  batches run the same kernel in 32-row chunks (not measured: no AMX machine since;
+  oneDNN's packing, ~1.2x ``F.linear`` at 64-256 rows, was a second copy of the weights).
 * bfloat16 on AVX512-BF16 without AMX (e.g. AMD Zen 4 and 5): the panel as [K/2][32][2]
   (one k pair of 32 columns per 128 bytes), 14 rows x 32 columns of fp32 accumulators,
   ``vdpbf16ps`` with each row's k pair broadcast; bias in fp32, one rounding to bf16,
@@ -27,10 +29,15 @@ pass with software prefetch), each row chunk reusing the panel from L1/L2:
   on a 2-core EPYC (scripts/bench_cpu_matmul.py), and ~1.2x at 100-320 rows, so
   there it also runs prompt-sized steps.
 
-Each is used up to its ``max_rows``, on ``torch.get_num_threads()`` threads (OpenMP,
-split over output panels: each output summed in the one-thread order, so bit-identical
-at any thread count; one thread where the build has no OpenMP); larger batches (prompt chunks) stay on ``F.linear``, which is about
-as fast as a prepacked oneDNN weight there. The C is in kernels/cpu/linear_avx512.c and
+The packed panels replace the plain weight (one copy of the weights in memory):
+``PackedWeight`` runs every batch size, its kernel up to ``max_rows`` rows, on
+``torch.get_num_threads()`` threads (OpenMP, split over output panels: each output summed
+in the one-thread order, so bit-identical at any thread count; one thread where the build
+has no OpenMP). Past ``max_rows`` (float32 on Intel and on AVX2: prompt chunks, where MKL
+is faster) the float32 panels go to MKL as they lie: ``[n/P][k][P]`` is a batch of
+``k x P`` matrices, so ``x @ panels`` is one batched matmul with no copy of the weight
+(bench_cpu_matmul.py's "MKL on panels" column). ``rows(ids)`` reads rows of the weight back
+out of the panels (the embedding of a tied LM head). The C is in kernels/cpu/linear_avx512.c and
 kernels/cpu/linear_avx2.c, built by kernels/cpu/loader.py: on CPUs with AVX-512F (else AVX2 + FMA), AMX only where
 /proc/cpuinfo lists it and Linux grants the process AMX state
 (``arch_prctl(ARCH_REQ_XCOMP_PERM)``); ``lib.bf16`` names the bf16 kernel ("amx",
@@ -56,32 +63,29 @@ _FLAGS_AVX2 = ["-O3", "-mavx2", "-mfma", "-std=gnu11"]
 _lock = threading.Lock()
 _loaded: "ctypes.CDLL | None | bool" = False  # False = not tried yet
 
-# Rows up to which each kernel beats torch (above: F.linear, or the oneDNN packing kept beside).
+# Rows up to which each kernel beats torch (above: MKL on the float32 panels).
 # The AVX2 kernel also beats MKL on prompt-sized steps (~1.2x at 100-320 rows on a 2-core
 # EPYC; equal past that: scripts/bench_cpu_matmul.py --dtype float32 --no-lm-head).
-MAX_ROWS = {torch.bfloat16: 32, torch.float32: 64}
+MAX_ROWS = {torch.float32: 64}
 MAX_ROWS_AVX2_F32 = 320
-# The AVX512-BF16 kernel runs every batch: on a 2-core Zen 5 it streamed the weights 1.25-1.5x
-# faster than oneDNN's packing at 1-32 rows and matched it up to 2,048 (bench_cpu_matmul.py),
-# so no oneDNN copy is kept beside it.
-MAX_ROWS_DP_BF16 = 1 << 16
+# Kernels that run every batch size (in chunks of this many rows). The AVX512-BF16 kernel:
+# on a 2-core Zen 5 it streamed the weights 1.25-1.5x faster than oneDNN's packing at 1-32
+# rows and matched it up to 2,048 (bench_cpu_matmul.py). The AMX one: its panels are the
+# only copy of the weights, so it takes prompt chunks too.
+ALL_ROWS = 1 << 16
+MAX_ROWS_DP_BF16 = MAX_ROWS_AMX_BF16 = ALL_ROWS
 # Off Intel, MKL's sgemm (torch's float32 F.linear) takes a generic code path: on a 2-core
 # Zen 5 the AVX-512 kernel was 2.2x faster at 128-2,048 rows, so there it runs every batch
 # size. (oneDNN's fp32 packing was ~1.15x the kernel at 2,048 rows, but it builds a
 # primitive per distinct batch size: a worker's memory grew by ~430 MB over 12,000 jobs.)
-MAX_ROWS_AVX512_F32_OFF_INTEL = 1 << 16
+MAX_ROWS_AVX512_F32_OFF_INTEL = ALL_ROWS
 
 
 def f32_max_rows(lib: ctypes.CDLL) -> int:
-    """Rows up to which the float32 kernel runs (above: ``F.linear``)."""
+    """Rows up to which the float32 kernel runs (above: MKL on its panels)."""
     if lib.isa == "avx2":
         return MAX_ROWS_AVX2_F32
     return MAX_ROWS[torch.float32] if cpu_kernels.cpu_vendor() == "GenuineIntel" else MAX_ROWS_AVX512_F32_OFF_INTEL
-
-
-# bf16 models on AMX with at most this many bytes of matmul weights also keep oneDNN's
-# packing for larger batches (one more copy of the weights; ~1.2x F.linear at 64-256 rows).
-KEEP_ONEDNN_BYTES = 2 << 30
 
 
 def load() -> ctypes.CDLL | None:
@@ -105,16 +109,21 @@ def _build() -> ctypes.CDLL | None:
         return None
     if lib is None:
         return None
-    p, i = ctypes.c_void_p, ctypes.c_int64
-    fns = (("amx_pack_bf16", "dp_pack_bf16", "f32_pack", "amx_linear_bf16", "dp_linear_bf16", "f32_linear")
-           if avx512 else ("f32_pack", "f32_linear"))
-    for name in fns:
-        getattr(lib, name).argtypes = [p, i, i, p] if "pack" in name else [p, i, i, p, i, i, p, p, i]
-        getattr(lib, name).restype = ctypes.c_int
-    lib.isa = "avx512" if avx512 else "avx2"
+    declare(lib, "avx512" if avx512 else "avx2")
     lib.amx = avx512 and cpu_kernels.cpu_has("amx_tile", "amx_bf16", "avx512_bf16") and lib.amx_enable() == 0
     lib.bf16 = "amx" if lib.amx else ("avx512_bf16" if avx512 and cpu_kernels.cpu_has("avx512_bf16") else None)
     return lib
+
+
+def declare(lib: ctypes.CDLL, isa: str) -> None:
+    """Give a built linear_<isa>.c its ctypes signatures and ``lib.isa``."""
+    p, i = ctypes.c_void_p, ctypes.c_int64
+    fns = (("amx_pack_bf16", "dp_pack_bf16", "f32_pack", "amx_linear_bf16", "dp_linear_bf16", "f32_linear")
+           if isa == "avx512" else ("f32_pack", "f32_linear"))
+    for name in fns:
+        getattr(lib, name).argtypes = [p, i, i, p] if "pack" in name else [p, i, i, p, i, i, p, p, i]
+        getattr(lib, name).restype = ctypes.c_int
+    lib.isa = isa
 
 
 def can_pack(lib: ctypes.CDLL, weight: torch.Tensor) -> bool:
@@ -127,33 +136,60 @@ def can_pack(lib: ctypes.CDLL, weight: torch.Tensor) -> bool:
 
 
 class PackedWeight:
-    """One weight packed for its kernel; ``applies(x)`` says whether a call may use it."""
+    """One weight packed for its kernel, in place of the plain tensor: a call takes any
+    batch; ``applies(x)`` says whether the kernel itself runs it; ``rows(ids)`` and
+    ``unpacked()`` read the plain weight back."""
 
-    def __init__(self, lib: ctypes.CDLL, weight: torch.Tensor, larger: torch.Tensor | None = None) -> None:
+    def __init__(self, lib: ctypes.CDLL, weight: torch.Tensor) -> None:
         if not can_pack(lib, weight):
             raise ValueError(f"no CPU kernel for a {weight.dtype} weight of shape {tuple(weight.shape)} "
-                             "(needs multiples of 32; bf16 needs AMX)")
+                             "(needs multiples of 32; bf16 needs AMX or AVX512-BF16)")
         self.lib = lib
-        self.larger = larger  # oneDNN's packing of the same weight for batches past max_rows, or None
         self.dtype = weight.dtype
         self.n, self.k = weight.shape
-        bf16 = self.dtype == torch.bfloat16
-        if bf16:
-            self.max_rows = MAX_ROWS[torch.bfloat16] if lib.bf16 == "amx" else MAX_ROWS_DP_BF16
+        if self.dtype == torch.bfloat16:
+            self.layout = lib.bf16  # "amx" or "avx512_bf16"
+            self.max_rows = MAX_ROWS_AMX_BF16 if lib.bf16 == "amx" else MAX_ROWS_DP_BF16
             self._pack, self._run = ((lib.amx_pack_bf16, lib.amx_linear_bf16) if lib.bf16 == "amx"
                                      else (lib.dp_pack_bf16, lib.dp_linear_bf16))
         else:
+            self.layout = "f32"
             self.max_rows = f32_max_rows(lib)
             self._pack, self._run = lib.f32_pack, lib.f32_linear
+        self.panel = 16 if lib.isa == "avx2" and self.layout == "f32" else 32  # output columns per panel
         w = weight.detach().contiguous()
         self.packed = torch.empty_like(w)
         self._pack(w.data_ptr(), self.n, self.k, self.packed.data_ptr())
+
+    @property
+    def nbytes(self) -> int:
+        return self.packed.numel() * self.packed.element_size()
 
     def applies(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> bool:
         return (x.dim() == 2 and 0 < x.shape[0] <= self.max_rows and x.dtype == self.dtype and x.stride(1) == 1
                 and (bias is None or (bias.dtype == self.dtype and bias.is_contiguous())))
 
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """``F.linear(x, weight, bias)`` for a 2-D ``x`` of any row count."""
+        if x.dtype != self.dtype or (bias is not None and bias.dtype != self.dtype):
+            raise TypeError(f"a {self.dtype} packed weight got x {x.dtype}"
+                            + ("" if bias is None else f" and bias {bias.dtype}"))
+        if x.dim() != 2 or x.shape[1] != self.k:
+            raise ValueError(f"x {tuple(x.shape)} does not fit a packed weight ({self.n}, {self.k})")
+        if x.stride(1) != 1:
+            x = x.contiguous()
+        if bias is not None:
+            bias = bias.contiguous()
+        m = x.shape[0]
+        if m == 0:
+            return x.new_empty(0, self.n)
+        if m <= self.max_rows:
+            return self._kernel(x, bias)
+        if self.layout == "f32":
+            return self._mkl_on_panels(x, bias)
+        return torch.cat([self._kernel(x[i:i + self.max_rows], bias) for i in range(0, m, self.max_rows)])
+
+    def _kernel(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         loader.sync_threads(self.lib)
         y = torch.empty(x.shape[0], self.n, dtype=self.dtype)
         rc = self._run(x.data_ptr(), x.stride(0), x.shape[0], self.packed.data_ptr(), self.n, self.k,
@@ -161,3 +197,26 @@ class PackedWeight:
         if rc != 0:
             raise RuntimeError(f"CPU matmul failed (rc {rc}) for x {tuple(x.shape)} and weight ({self.n}, {self.k})")
         return y
+
+    def _mkl_on_panels(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        # [n/P][k][P] is a batch of n/P (k x P) matrices: one bmm, the weight read where it lies.
+        p = self.panel
+        y = torch.matmul(x, self.packed.view(self.n // p, self.k, p))  # [n/P, m, P]
+        y = y.permute(1, 0, 2).reshape(x.shape[0], self.n)
+        return y if bias is None else y.add_(bias)
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """``weight[ids]`` (exact copies), gathered from the panels: an embedding lookup."""
+        ids = ids.reshape(-1)
+        if self.layout == "f32":  # [n/P][k][P]
+            p = self.panel
+            return self.packed.view(self.n // p, self.k, p)[ids // p, :, ids % p]
+        if self.layout == "avx512_bf16":  # [n/32][k/2][32][2]
+            got = self.packed.view(self.n // 32, self.k // 2, 32, 2)[ids // 32, :, ids % 32, :]
+        else:  # amx: [n/32][k/32][2 tiles][16 k pairs][16 columns][2]
+            got = self.packed.view(self.n // 32, self.k // 32, 2, 16, 16, 2)[ids // 32, :, ids % 32 // 16, :, ids % 16, :]
+        return got.reshape(ids.shape[0], self.k)
+
+    def unpacked(self) -> torch.Tensor:
+        """The plain ``[n, k]`` weight (a new tensor: for tests and checks, not the hot path)."""
+        return self.rows(torch.arange(self.n))

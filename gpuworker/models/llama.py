@@ -30,18 +30,14 @@ def _param(*shape: int, dtype: torch.dtype, device) -> nn.Parameter:
     return nn.Parameter(torch.empty(*shape, dtype=dtype, device=device), requires_grad=False)
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, packed) -> torch.Tensor:
-    """``F.linear``, or a weight prepacked once (see prepack_cpu_weights): panels for our
-    CPU kernels on decode-sized batches (gpuworker.models.cpu_linear; ``F.linear``
-    beyond them), else oneDNN's blocked layout."""
+def linear(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, packed) -> torch.Tensor:
+    """``F.linear``, or a weight prepacked once in its place (see prepack_cpu_weights; then
+    ``weight`` is None): panels for our CPU kernels (gpuworker.models.cpu_linear, every batch
+    size), else oneDNN's blocked layout."""
     if packed is None:
         return F.linear(x, weight, bias)
     if isinstance(packed, PackedWeight):
-        if packed.applies(x, bias):
-            return packed(x, bias)
-        if packed.larger is None:
-            return F.linear(x, weight, bias)
-        packed = packed.larger  # oneDNN's packing of the same weight, for larger batches
+        return packed(x, bias)
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 
@@ -182,8 +178,9 @@ class DecoderLayer(nn.Module):
         self.gate_up_bias = _param(2 * cfg.intermediate_size, **p) if cfg.mlp_bias else None
         self.down_proj = _param(h, cfg.intermediate_size, **p)
         self.down_bias = _param(h, **p) if cfg.mlp_bias else None
-        # oneDNN-prepacked copies of the four projection weights (CPU bf16), else None.
-        self.packed: dict[str, torch.Tensor] = {}
+        # The four projection weights prepacked for the CPU (PackedWeight panels or oneDNN's
+        # layout), by name ("qkv", "o", "gate_up", "down"); the parameters are then None.
+        self.packed: dict[str, PackedWeight | torch.Tensor] = {}
         # gpuworker.attention.cpu_kernels (add + RMSNorm, rotary, SiLU-and-mul; CPU fp32/bf16), else None.
         self.cpu_kernels = None
 
@@ -241,7 +238,10 @@ class LlamaForCausalLM(nn.Module):
         self.norm = _param(cfg.hidden_size, **p)
         self.lm_head = self.embed_tokens if cfg.tie_word_embeddings else _param(cfg.vocab_size, cfg.hidden_size, **p)
         self.rotary = RotaryEmbedding(cfg, dtype, device)
-        self.packed_lm_head: torch.Tensor | None = None
+        # The LM head prepacked for the CPU in its place (PackedWeight or oneDNN's layout), else None;
+        # tied to the embedding, its PackedWeight also serves the embedding's rows.
+        self.packed_lm_head: PackedWeight | torch.Tensor | None = None
+        self.packing: str | None = None  # what prepack_cpu_weights did, once done
 
     @torch.inference_mode()
     def forward(
@@ -254,12 +254,17 @@ class LlamaForCausalLM(nn.Module):
         """Return the final-normed hidden states ``[T, hidden]`` of every new token."""
         if len(kv_caches) != len(self.layers):
             raise ValueError(f"expected {len(self.layers)} kv caches, got {len(kv_caches)}")
-        hidden = F.embedding(input_ids, self.embed_tokens)
+        hidden = self.embed(input_ids)
         residual = None
         rotary = self.rotary(positions)
         for layer, cache in zip(self.layers, kv_caches):
             hidden, residual = layer(rotary, hidden, residual, cache, meta)
         return add_rms_norm(residual, hidden, self.norm, self.config.rms_norm_eps, self.layers[0].cpu_kernels)[0]
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if self.embed_tokens is None:  # tied and packed: the LM head's panels hold the only copy
+            return self.packed_lm_head.rows(input_ids)
+        return F.embedding(input_ids, self.embed_tokens)
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -276,7 +281,7 @@ class LlamaForCausalLM(nn.Module):
         two of torch's silu); fused residual-add + RMSNorm (the same roundings as
         HF's norm but for the order of the sum of squares). Returns False,
         changing nothing, where the kernels do not build or do not apply."""
-        if self.dtype not in (torch.float32, torch.bfloat16) or self.embed_tokens.device.type != "cpu":
+        if self.dtype not in (torch.float32, torch.bfloat16) or self.norm.device.type != "cpu":
             return False
         from gpuworker.attention import cpu_kernels
 
@@ -288,71 +293,82 @@ class LlamaForCausalLM(nn.Module):
         return True
 
     # ------------------------------------------------------------------ CPU weight prepacking
+    _PROJECTIONS = {"qkv": "qkv_proj", "o": "o_proj", "gate_up": "gate_up_proj", "down": "down_proj"}
+
     @torch.inference_mode()
     def prepack_cpu_weights(self, batch_hint: int = 32, kernels: bool = True) -> str | None:
-        """Repack every matmul weight once for the CPU; returns which packing was used
-        ("amx", "avx512_bf16", "avx512", "avx2" or "onednn"), or None, changing nothing.
+        """Repack every matmul weight once for the CPU, in place of the plain weight; returns
+        which packing was used ("amx", "avx512_bf16", "avx512", "avx2" or "onednn"), or None,
+        changing nothing.
 
         * "amx" / "avx512_bf16" (bfloat16), "avx512" or "avx2" (float32): panels read by
-          our kernels (gpuworker.models.cpu_linear) for decode-sized batches, where they
-          stream the weights faster than oneDNN/MKL; larger batches keep ``F.linear``,
-          or on AMX ("amx+onednn", models up to ``cpu_linear.KEEP_ONEDNN_BYTES`` of
-          matmul weights) oneDNN's packing too, at the cost of another copy. The
-          AVX512-BF16 kernel takes every batch size (it matches oneDNN on prompts), and
-          so does the AVX-512 fp32 one off Intel (MKL's generic path is slow there).
-          Needs AVX-512 or AVX2+FMA (AMX or AVX512-BF16 for bf16) and
-          ``kernels``.
+          our kernels (gpuworker.models.cpu_linear), which stream the weights faster than
+          oneDNN/MKL at decode-sized batches. Every batch size runs on the panels: the
+          bf16 kernels take all of them, and so does the AVX-512 fp32 one off Intel (MKL's
+          generic path is slow there); past the fp32 kernel's ``max_rows`` (Intel, AVX2)
+          MKL reads the panels as a batch of matrices. Needs AVX-512 or AVX2+FMA (AMX or
+          AVX512-BF16 for bf16) and ``kernels``.
         * "onednn" (bfloat16 elsewhere): oneDNN's blocked layout. Plain ``F.linear``
           re-lays the weight out on every call; prepacked it runs 1.5-2.5x faster at
           decode-sized batches here, with bit-identical results.
 
-        The plain weights stay (the embedding shares the tied LM head; loading and HF
-        comparisons use them), so packing costs one more copy of the weights in memory."""
-        if self.dtype not in (torch.bfloat16, torch.float32) or self.embed_tokens.device.type != "cpu":
+        The model keeps one copy of each weight: the packed one, registered as a buffer
+        (``<name>_packed``), the parameter set to None. A tied embedding reads its rows
+        from the LM head's panels; on oneDNN (an opaque layout) a tied LM head stays plain.
+        Weights are packed and dropped one at a time, so the peak is one copy plus one
+        weight. Call it after ``load_weights``."""
+        if self.packing is not None:  # already done: the plain weights are gone
+            return self.packing
+        if self.dtype not in (torch.bfloat16, torch.float32) or self.norm.device.type != "cpu":
             return None
-        weights = lambda l: {"qkv": l.qkv_proj, "o": l.o_proj, "gate_up": l.gate_up_proj,  # noqa: E731
-                             "down": l.down_proj}
         bf16 = self.dtype == torch.bfloat16
         lib = cpu_linear.load() if kernels else None
-        if lib is not None and all(cpu_linear.can_pack(lib, w) for l in self.layers for w in weights(l).values()):
-            # Mixed steps (a prompt chunk + decodes, 33-2,048 rows) run ~1.2x faster on
-            # oneDNN's packing than on F.linear: small bf16 models on AMX keep both.
-            nbytes = sum(w.numel() * w.element_size() for l in self.layers for w in weights(l).values())
-            keep = bf16 and lib.bf16 == "amx" and nbytes <= cpu_linear.KEEP_ONEDNN_BYTES
-            onednn = self._onednn_packs(weights, batch_hint) if keep else None
-            for i, layer in enumerate(self.layers):
-                layer.packed = {name: PackedWeight(lib, w, onednn[0][i][name] if onednn else None)
-                                for name, w in weights(layer).items()}
-            if cpu_linear.can_pack(lib, self.lm_head):
-                self.packed_lm_head = PackedWeight(lib, self.lm_head, onednn[1] if onednn else None)
+        if lib is not None and all(cpu_linear.can_pack(lib, getattr(l, attr)) for l in self.layers
+                                   for attr in self._PROJECTIONS.values()):
+            pack = lambda w: PackedWeight(lib, w)  # noqa: E731
             kind = lib.bf16 if bf16 else lib.isa
-            return kind + "+onednn" if onednn else kind
-        onednn = self._onednn_packs(weights, batch_hint) if bf16 else None
-        if onednn is None:
-            return None
-        for layer, packs in zip(self.layers, onednn[0]):
-            layer.packed = packs
-        self.packed_lm_head = onednn[1]
-        return "onednn"
+            lm_head = cpu_linear.can_pack(lib, self.lm_head)
+        else:
+            pack = self._onednn_packer(batch_hint) if bf16 else None
+            if pack is None:
+                return None
+            kind = "onednn"
+            lm_head = not self.config.tie_word_embeddings  # oneDNN's layout gives no rows back
+        for layer in self.layers:
+            for name, attr in self._PROJECTIONS.items():
+                layer.packed[name] = self._replace(layer, attr, pack)
+        if lm_head:
+            tied = self.lm_head is self.embed_tokens
+            self.packed_lm_head = self._replace(self, "lm_head", pack)
+            if tied:
+                self.embed_tokens = None
+        self.packing = kind
+        return kind
 
-    def _onednn_packs(self, weights, batch_hint: int):
-        """oneDNN's blocked layouts of every projection and the LM head (bf16), checked
-        bit-identical to ``F.linear`` on a probe; None where oneDNN cannot."""
+    @staticmethod
+    def _replace(module: nn.Module, attr: str, pack):
+        """Pack ``module.<attr>``, register the packed tensor as ``<attr>_packed`` and drop the plain one."""
+        packed = pack(getattr(module, attr))
+        setattr(module, attr, None)
+        module.register_buffer(f"{attr}_packed", packed.packed if isinstance(packed, PackedWeight) else packed,
+                               persistent=False)
+        return packed
+
+    def _onednn_packer(self, batch_hint: int):
+        """A function giving oneDNN's blocked layout of a bf16 weight, checked bit-identical to
+        ``F.linear`` on a probe; None where oneDNN cannot."""
         if not torch.backends.mkldnn.is_available() or not hasattr(torch.ops.mkldnn, "_reorder_linear_weight"):
             return None
+        pack = lambda w: torch.ops.mkldnn._reorder_linear_weight(w.detach(), batch_hint)  # noqa: E731
         try:
-            pack = lambda w: torch.ops.mkldnn._reorder_linear_weight(w.detach(), batch_hint)  # noqa: E731
-            layer_packs = [{name: pack(w) for name, w in weights(l).items()} for l in self.layers]
-            lm = pack(self.lm_head)
+            layer = self.layers[0]
             probe = torch.randn(3, self.config.hidden_size, dtype=self.dtype)
-            w = self.layers[0].qkv_proj
-            if not torch.equal(torch.ops.mkldnn._linear_pointwise(probe, layer_packs[0]["qkv"], self.layers[0].qkv_bias,
-                                                                  "none", [], ""),
-                               F.linear(probe, w, self.layers[0].qkv_bias)):
+            got = torch.ops.mkldnn._linear_pointwise(probe, pack(layer.qkv_proj), layer.qkv_bias, "none", [], "")
+            if not torch.equal(got, F.linear(probe, layer.qkv_proj, layer.qkv_bias)):
                 return None
         except Exception:  # an older oneDNN or torch build: stay on F.linear
             return None
-        return layer_packs, lm
+        return pack
 
     # ------------------------------------------------------------------ weights
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
@@ -375,7 +391,11 @@ class LlamaForCausalLM(nn.Module):
             if key in filled:
                 raise ValueError(f"checkpoint has {name!r} twice")
             if rows is None:  # take the loaded tensor itself: one copy fewer for large weights
-                target.data = tensor.to(dtype=target.dtype, device=target.device).contiguous()
+                data = tensor.to(dtype=target.dtype, device=target.device).contiguous()
+                # A norm or a bias is copied out: a loaded tensor may be a view of the checkpoint's
+                # mmap, which it would keep mapped (and resident) after prepacking has replaced
+                # the matrices beside it.
+                target.data = data.clone() if data is tensor and data.dim() == 1 else data
             else:
                 with torch.no_grad():
                     dest.copy_(tensor)

@@ -10,6 +10,8 @@ import torch.nn.functional as F
 from gpuworker.attention import cpu_kernels
 from gpuworker.models import cpu_linear
 from gpuworker.models.loader import load_model
+from gpuworker.models.weight_memory import held_bytes, one_copy_bytes
+from kernels.cpu import loader
 from tests.models.test_model_vs_hf import run_chunked, sequences
 from tests.tiny_models import save_tiny_model
 
@@ -100,7 +102,7 @@ def test_bfloat16_dot_product_kernel_takes_any_batch_and_even_k(lib, monkeypatch
     g = torch.Generator().manual_seed(11)
     w, b = torch.randn(64, 50, generator=g).to(torch.bfloat16), torch.randn(64, generator=g).to(torch.bfloat16)
     packed = cpu_linear.PackedWeight(lib, w)
-    assert packed.larger is None and packed.max_rows >= 2048
+    assert packed.max_rows >= 2048
     for rows in (1, 29, 131, 300):
         x = torch.randn(rows, 50, generator=g).to(torch.bfloat16)
         assert packed.applies(x, b)
@@ -110,13 +112,35 @@ def test_bfloat16_dot_product_kernel_takes_any_batch_and_even_k(lib, monkeypatch
     assert not cpu_linear.can_pack(lib, torch.randn(64, 51).to(torch.bfloat16))  # odd K: no k pairs
 
 
-def test_larger_batches_and_other_shapes_stay_on_torch(lib):
+def test_past_max_rows_the_panels_still_serve(lib):
+    """The packed weight is the only copy: past the kernel's max_rows (float32 on Intel and
+    AVX2: prompt chunks) MKL reads the panels as a batch of matrices; a bf16 weight runs
+    its kernel in chunks. Either way F.linear's results, bias included."""
+    g = torch.Generator().manual_seed(5)
+    for dtype in (torch.float32, torch.bfloat16):
+        if dtype == torch.bfloat16 and not lib.bf16:
+            continue
+        w, b = torch.randn(96, 160, generator=g).to(dtype), torch.randn(96, generator=g).to(dtype)
+        packed = cpu_linear.PackedWeight(lib, w)
+        packed.max_rows = 8  # as if the kernel stopped at 8 rows
+        x = torch.randn(40, 200, generator=g).to(dtype)[:, 20:180]
+        assert packed.applies(x[:8], b) and not packed.applies(x, b)
+        got, ref = packed(x, b).float(), F.linear(x, w, b).float()
+        assert (got - ref).abs().max() <= ref.abs().max() * (2**-7 if dtype == torch.bfloat16 else 1e-6), dtype
+        assert packed(x[:0], b).shape == (0, 96)
+
+
+def test_other_shapes_and_dtypes_are_refused(lib):
     w = torch.randn(64, 64)
     packed = cpu_linear.PackedWeight(lib, w)
     assert packed.applies(torch.randn(packed.max_rows, 64))
     assert not packed.applies(torch.randn(packed.max_rows + 1, 64))
     assert not packed.applies(torch.randn(4, 64).to(torch.bfloat16))  # another dtype
     assert not packed.applies(torch.randn(4, 64), torch.randn(64).to(torch.bfloat16))
+    with pytest.raises(TypeError, match="bfloat16"):
+        packed(torch.randn(4, 64).to(torch.bfloat16), None)
+    with pytest.raises(ValueError, match="does not fit"):
+        packed(torch.randn(4, 32), None)
     assert not cpu_linear.can_pack(lib, torch.randn(48, 64))  # 48 rows: not a multiple of 32
     with pytest.raises(ValueError, match="multiples of 32"):
         cpu_linear.PackedWeight(lib, torch.randn(40, 64))
@@ -128,25 +152,57 @@ def test_larger_batches_and_other_shapes_stay_on_torch(lib):
         torch.set_num_threads(before)
 
 
+@pytest.mark.parametrize("layout", ["f32", "avx512_bf16", "amx", "avx2"])
+def test_rows_read_the_weight_back_from_every_layout(lib, layout, monkeypatch):
+    """A tied embedding reads its rows out of the LM head's panels: exact copies, in every
+    layout (the AMX and AVX2 ones are packed here without running their kernels)."""
+    if layout == "avx2":
+        avx2 = loader.build("linear_avx2", cpu_linear._FLAGS_AVX2)
+        if avx2 is None:
+            pytest.skip("the AVX2 kernel does not build here")
+        cpu_linear.declare(avx2, "avx2")
+        avx2.bf16 = None
+        lib = avx2
+    elif layout != "f32":
+        if lib.isa != "avx512":
+            pytest.skip("bf16 layouts are packed by the AVX-512 build")
+        monkeypatch.setattr(lib, "bf16", layout)
+    dtype = torch.float32 if layout in ("f32", "avx2") else torch.bfloat16
+    w = torch.randn(96, 160, generator=torch.Generator().manual_seed(3)).to(dtype)
+    packed = cpu_linear.PackedWeight(lib, w)
+    assert packed.layout == ("f32" if dtype == torch.float32 else layout)
+    ids = torch.tensor([[0, 95, 33], [33, 64, 17]])
+    assert torch.equal(packed.rows(ids), w[ids.reshape(-1)])
+    assert torch.equal(packed.unpacked(), w)
+    if layout == "avx2":  # 16-column panels: the kernel and MKL on the panels past its max_rows
+        x = torch.randn(packed.max_rows + 5, 160)
+        assert (packed(x, None) - F.linear(x, w)).abs().max() <= 1e-4
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_model_with_packed_weights_matches_the_plain_model(lib, dtype, tmp_path):
-    """A tiny Llama through mixed prefill/decode steps: packed weights (decode-sized
-    steps) and oneDNN (bf16) or F.linear (fp32) for larger ones, against the plain model."""
+@pytest.mark.parametrize("tied", [False, True])
+def test_model_with_packed_weights_matches_the_plain_model(lib, dtype, tied, tmp_path):
+    """A tiny Llama through mixed prefill/decode steps: packed weights in place of the plain
+    ones, against the plain model; the model then holds one copy of its weights (tied: the
+    embedding's rows come out of the LM head's panels)."""
     _dtype_or_skip(lib, dtype)
-    folder = save_tiny_model("llama", tmp_path / "m")
+    folder = save_tiny_model("llama", tmp_path / "m", tie_word_embeddings=tied)
     plain = load_model(str(folder), dtype=dtype)
     seqs = sequences(plain.tokenizer)
     want = run_chunked(plain.model, seqs)
     packed = load_model(str(folder), dtype=dtype)
-    # bf16: a small model keeps oneDNN's packing beside, for the steps past 32 rows
-    # (bf16 on AMX; the AVX512-BF16 kernel runs every batch size)
-    keep = dtype == torch.bfloat16 and lib.bf16 == "amx"
-    kind = (lib.bf16 if dtype == torch.bfloat16 else lib.isa) + ("+onednn" if keep else "")
-    assert packed.model.prepack_cpu_weights() == kind
-    qkv = packed.model.layers[0].packed["qkv"]
+    model = packed.model
+    assert model.config.tie_word_embeddings == tied
+    kind = lib.bf16 if dtype == torch.bfloat16 else lib.isa
+    assert model.prepack_cpu_weights() == kind
+    assert model.prepack_cpu_weights() == kind  # a second call changes nothing
+    qkv = model.layers[0].packed["qkv"]
     assert isinstance(qkv, cpu_linear.PackedWeight)
-    assert (qkv.larger is not None) == keep
-    for a, b in zip(run_chunked(packed.model, seqs), want):
+    assert torch.equal(qkv.unpacked(), plain.model.layers[0].qkv_proj)
+    assert model.layers[0].qkv_proj is None and model.lm_head is None
+    assert (model.embed_tokens is None) == tied
+    assert held_bytes(model) <= 1.1 * one_copy_bytes(model)
+    for a, b in zip(run_chunked(model, seqs), want):
         if dtype == torch.bfloat16:
             assert torch.equal(a, b) or (a - b).abs().max().item() < 0.05 * b.abs().max().item()
         else:
@@ -154,5 +210,8 @@ def test_model_with_packed_weights_matches_the_plain_model(lib, dtype, tmp_path)
     if dtype == torch.bfloat16:
         onednn = load_model(str(folder), dtype=dtype)
         assert onednn.model.prepack_cpu_weights(kernels=False) in ("onednn", None)
+        if onednn.model.packing == "onednn":  # a tied LM head stays plain: its rows are the embedding
+            assert onednn.model.layers[0].qkv_proj is None and (onednn.model.lm_head is None) == (not tied)
+            assert held_bytes(onednn.model) <= 1.1 * one_copy_bytes(onednn.model)
         for a, b in zip(run_chunked(onednn.model, seqs), want):
             assert torch.equal(a, b)
