@@ -31,7 +31,8 @@ def test_sigkill_with_50_jobs_in_flight(chaos, chaos_oracle):
     watched = [watch(h) for h in handles]
 
     v_name, s_name = "chaos-kill-1", "chaos-kill-2"
-    chaos.fleet.start(v_name, s_name)
+    # Paced (100 steps >= 5 s a job on any machine), so the kill below always lands mid-generation.
+    chaos.fleet.start(v_name, s_name, extra=("--step-pace-s", "0.05"))
     wait_for(lambda: all(deltas(r, h.id) > 0 for h in handles), 120, what="all 50 jobs streaming")
     holders = [h.status().get("worker") for h in handles]
     victim = max((v_name, s_name), key=holders.count)
