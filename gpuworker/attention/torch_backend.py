@@ -109,6 +109,16 @@ class _Plan:
     tiled: _TiledPrefill | None = None
 
 
+def _kernel_io(q: torch.Tensor, out: torch.Tensor, dt: torch.dtype):
+    """What a C kernel reads and writes: q in the cache dtype with rows of [heads, head_dim]
+    contiguous, and ``out`` itself when it has that layout (``direct``), else a buffer the
+    caller copies back from."""
+    head_dim = q.shape[2]
+    qn = q if q.dtype == dt and q.stride(2) == 1 and q.stride(1) == head_dim else q.to(dt).contiguous()
+    direct = out.dtype == dt and out.stride(2) == 1 and out.stride(1) == head_dim
+    return qn, (out if direct else torch.empty(q.shape, dtype=dt)), direct
+
+
 def _group_by_length(order: list[int], nbs: dict[int, int], min_saving: int) -> list[list[int]]:
     """Split sequences (sorted by block count, longest first) into groups so that
     padding every sequence to its group's longest does not waste much gather."""
@@ -333,9 +343,7 @@ class TorchAttentionBackend(AttentionBackend):
         num_heads, head_dim = q.shape[1], q.shape[2]
         num_kv_heads = key_cache.shape[2]
         dt = key_cache.dtype
-        qn = q if q.dtype == dt and q.stride(2) == 1 and q.stride(1) == head_dim else q.to(dt).contiguous()
-        direct = out.dtype == dt and out.stride(2) == 1 and out.stride(1) == head_dim
-        on = out if direct else torch.empty(q.shape, dtype=dt)
+        qn, on, direct = _kernel_io(q, out, dt)
         kern = self._native_kernel
         kern.sync()  # each thread takes its own (group x max_len) slice of the scores
         need = (num_heads // num_kv_heads) * nd.max_len * max(1, kern.lib.threads)
@@ -360,9 +368,7 @@ class TorchAttentionBackend(AttentionBackend):
         num_heads, head_dim = q.shape[1], q.shape[2]
         num_kv_heads = key_cache.shape[2]
         dt = key_cache.dtype
-        qn = q if q.dtype == dt and q.stride(2) == 1 and q.stride(1) == head_dim else q.to(dt).contiguous()
-        direct = out.dtype == dt and out.stride(2) == 1 and out.stride(1) == head_dim
-        on = out if direct else torch.empty(q.shape, dtype=dt)
+        qn, on, direct = _kernel_io(q, out, dt)
         kern = self._native_kernel
         kern.sync()
         assert key_cache.is_contiguous() and value_cache.is_contiguous()

@@ -14,6 +14,8 @@ from typing import Optional
 import numpy as np
 import torch
 
+from gpuworker.engine.token_mirror import TokenMirror
+
 
 class PenaltyTokens:
     def __init__(self, prompt_token_ids: list[int], vocab_size: int, device, with_prompt: bool = True):
@@ -22,19 +24,8 @@ class PenaltyTokens:
             ids = np.unique(np.asarray(prompt_token_ids, dtype=np.int64))
             ids = ids[(ids >= 0) & (ids < vocab_size)]  # a tokenizer larger than the head
             self.prompt = torch.from_numpy(ids).to(device)
-        self._out = np.empty(64, dtype=np.int64)
-        self._n = 0
+        self._out = TokenMirror()
 
     def outputs(self, output_token_ids: list[int]) -> np.ndarray:
         """The output ids as a host array (a view: valid until the next call)."""
-        n = len(output_token_ids)
-        if n < self._n:  # never expected (outputs only grow); start over rather than lie
-            self._n = 0
-        if n > len(self._out):
-            grown = np.empty(max(n, 2 * len(self._out)), dtype=np.int64)
-            grown[: self._n] = self._out[: self._n]
-            self._out = grown
-        if n > self._n:
-            self._out[self._n : n] = output_token_ids[self._n : n]
-            self._n = n
-        return self._out[:n]
+        return self._out.sync(output_token_ids)

@@ -7,8 +7,8 @@ rewriting, summaries quoting the text, structured outputs echoing fields, code
 edits. Nothing matches on text that copies nothing, so nothing is verified
 there and speculation costs only this lookup.
 
-Each request's tokens are mirrored in a numpy array grown in place (appending
-only the new tokens each step), so a lookup is a few vectorised compares over
+Each request's tokens are mirrored in a numpy array grown in place
+(gpuworker/engine/token_mirror.py: only the new tokens are copied each step), so a lookup is a few vectorised compares over
 the request's history (~10 us at 1,500 tokens), not a Python scan.
 """
 from __future__ import annotations
@@ -16,29 +16,8 @@ from __future__ import annotations
 import numpy as np
 
 from gpuworker.engine.request import Request
+from gpuworker.engine.token_mirror import TokenMirror
 from gpuworker.engine.speculative.proposer import Proposer
-
-
-class _History:
-    __slots__ = ("buf", "n")
-
-    def __init__(self, tokens: list[int]):
-        self.buf = np.empty(max(64, 2 * len(tokens)), dtype=np.int64)
-        self.n = 0
-        self.sync(tokens)
-
-    def sync(self, tokens: list[int]) -> np.ndarray:
-        n = len(tokens)
-        if n < self.n:  # never happens for one request id, but stay correct
-            self.n = 0
-        if n > self.buf.shape[0]:
-            buf = np.empty(2 * n, dtype=np.int64)
-            buf[: self.n] = self.buf[: self.n]
-            self.buf = buf
-        if n > self.n:
-            self.buf[self.n : n] = tokens[self.n : n]
-            self.n = n
-        return self.buf[:n]
 
 
 def lookup(tokens: np.ndarray, min_n: int, max_n: int, k: int) -> list[int]:
@@ -71,14 +50,14 @@ def lookup(tokens: np.ndarray, min_n: int, max_n: int, k: int) -> list[int]:
 class NgramProposer(Proposer):
     def __init__(self, k: int, min_n: int, max_n: int):
         self.k, self.min_n, self.max_n = k, min_n, max_n
-        self._history: dict[str, _History] = {}
+        self._history: dict[str, TokenMirror] = {}
 
     def propose(self, requests: list[Request], limits: list[int]) -> list[list[int]]:
         out = []
         for req, limit in zip(requests, limits):
             h = self._history.get(req.request_id)
             if h is None:
-                h = self._history[req.request_id] = _History(req.all_token_ids)
+                h = self._history[req.request_id] = TokenMirror(2 * len(req.all_token_ids))
             tokens = h.sync(req.all_token_ids)
             out.append(lookup(tokens, self.min_n, self.max_n, min(self.k, limit)))
         return out
