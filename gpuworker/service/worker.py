@@ -36,18 +36,22 @@ def build_engine(s: WorkerSettings):
 
 def set_cpu_threads(s: WorkerSettings) -> int:
     """torch's CPU threads for the engine (the C kernels follow the same count), set before
-    it loads. Default all cores but one; with 2 cores that is 1: the other core runs intake,
-    publishing and Redis instead of fighting the forward."""
+    it loads, and where they are pinned (kernels/cpu/binding.py; applied at the first kernel
+    call of the engine's thread). Default all cores this process may use but one; with 2 cores
+    that is 1: the other core runs intake, publishing and Redis instead of fighting the forward."""
     import torch
+
+    from kernels.cpu import binding
 
     n = s.torch_threads
     if n is None:
         env = os.environ.get("OMP_NUM_THREADS", "")
-        n = int(env) if env.isdigit() and int(env) > 0 else max(1, (os.cpu_count() or 1) - 1)
+        n = int(env) if env.isdigit() and int(env) > 0 else max(1, len(binding.ALLOWED or [0]) - 1)
     on_gpu = (s.device or "").startswith("cuda") or (s.device is None and torch.cuda.is_available())
     if not on_gpu:
         torch.set_num_threads(n)
-        get_logger().info("cpu_threads", torch_threads=n)
+        os.environ[binding.ENV] = s.cpu_threads_bind
+        get_logger().info("cpu_threads", torch_threads=n, pinned_to=binding.plan(n, s.cpu_threads_bind))
     return n
 
 

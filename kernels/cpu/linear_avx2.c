@@ -1,7 +1,6 @@
 #include <immintrin.h>
 #include <stdint.h>
 #include "threads.h"
-}
 
 /* W[n,k] row-major -> [n/16 panels][k][16]: a panel is contiguous, one 64-byte line per k. */
 int f32_pack(const float *w, int64_t n, int64_t k, float *out) {

@@ -3,7 +3,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include "threads.h"
-}
 #include <unistd.h>
 #include <sys/syscall.h>
 

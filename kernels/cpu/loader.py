@@ -23,6 +23,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import threading
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -95,13 +96,50 @@ def openmp_flags(cc: str) -> tuple[str, ...]:
 
 
 def sync_threads(lib: ctypes.CDLL) -> None:
-    """Make ``lib``'s kernels use ``torch.get_num_threads()`` threads (a no-op when unchanged)."""
+    """Make ``lib``'s kernels use ``torch.get_num_threads()`` threads (a no-op when unchanged),
+    and pin the calling thread's team as kernels/cpu/binding.py plans, once per (thread, count)."""
     import torch
 
     n = torch.get_num_threads()
     if lib.threads != n:
         lib.kernel_threads(n)
         lib.threads = n
+    ident = threading.get_ident()
+    if _team.get(ident, (0, None))[0] != n:
+        _pin(lib, ident, n)
+
+
+# thread ident -> (team size it was planned for, the CPUs its team is pinned to or None). An
+# ident reused by a later thread may leave that thread unpinned: a lost speed-up, not an error.
+_team: dict[int, "tuple[int, list[int] | None]"] = {}
+
+
+def _pin(lib: ctypes.CDLL, ident: int, n: int) -> None:
+    from kernels.cpu import binding
+
+    try:
+        cpus = binding.plan(n) if lib.openmp or n == 1 else None
+    except ValueError as e:  # the worker checks the setting at start; offline users get a warning
+        log.warning("%s; threads not pinned", e)
+        cpus = None
+    before = _team.get(ident, (0, None))[1]
+    if before and binding.ALLOWED:  # pinned for another count before: free that team first
+        lib.release_threads((ctypes.c_int * len(binding.ALLOWED))(*binding.ALLOWED), len(binding.ALLOWED),
+                            len(before))
+    if cpus is not None:
+        done = lib.bind_threads((ctypes.c_int * n)(*cpus), n)
+        if done != n:
+            log.warning("pinned %d of %d compute threads to CPUs %s", done, n, cpus)
+        else:
+            log.info("compute threads pinned to CPUs %s", cpus)
+    _team[ident] = (n, cpus)
+
+
+def pinned_cpus(lib: ctypes.CDLL, n: int) -> list[int]:
+    """The CPU each of the calling thread's n team threads is pinned to (-1: not pinned)."""
+    out = (ctypes.c_int * n)()
+    lib.thread_cpus(out, n)
+    return list(out)
 
 
 def source(stem: str) -> str:
@@ -143,6 +181,12 @@ def build(stem: str, flags: list[str]) -> ctypes.CDLL | None:
         lib = ctypes.CDLL(str(path))
         lib.kernel_threads.argtypes = [ctypes.c_int]
         lib.kernel_threads.restype = ctypes.c_int
+        lib.bind_threads.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_int]
+        lib.bind_threads.restype = ctypes.c_int
+        lib.release_threads.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_int, ctypes.c_int]
+        lib.release_threads.restype = ctypes.c_int
+        lib.thread_cpus.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_int]
+        lib.thread_cpus.restype = None
         lib.openmp = bool(omp) and lib.kernel_threads(1) == 1 and lib.kernel_threads(2) == 2
         lib.kernel_threads(1)
         lib.threads = 1

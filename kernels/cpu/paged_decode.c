@@ -2,7 +2,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include "threads.h"
-}
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #define HAVE_AVX512 1

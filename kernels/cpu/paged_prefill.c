@@ -26,7 +26,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include "threads.h"
-}
 
 #if defined(__AVX512F__)
 #define LANES 16

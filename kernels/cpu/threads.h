@@ -21,3 +21,61 @@ int kernel_threads(int n) {
 #else
     return 1;
 #endif
+}
+
+/* Pinning (kernels/cpu/binding.py): OpenMP thread i of the calling thread's team of n is held
+   to cpus[i], as vLLM's VLLM_CPU_OMP_THREADS_BIND does. libgomp keeps one pool per calling
+   thread and torch loads the same libgomp, so torch's own parallel regions of n threads run on
+   these pinned threads too. Raw syscalls: no _GNU_SOURCE needed before the system headers. */
+#include <unistd.h>
+#include <sys/syscall.h>
+#define BIND_MASK_WORDS 16 /* 1,024 CPUs */
+static int pin_self(int cpu) {
+    unsigned long mask[BIND_MASK_WORDS] = {0};
+    if (cpu < 0 || cpu >= 64 * BIND_MASK_WORDS) return 0;
+    mask[cpu / 64] |= 1UL << (cpu % 64);
+    return syscall(SYS_sched_setaffinity, 0, sizeof mask, mask) == 0;
+}
+/* The one CPU the calling thread may run on, or -1 where it may run on several. */
+static int pinned_cpu(void) {
+    unsigned long mask[BIND_MASK_WORDS] = {0};
+    if (syscall(SYS_sched_getaffinity, 0, sizeof mask, mask) < 0) return -1;
+    int found = -1;
+    for (int w = 0; w < BIND_MASK_WORDS; ++w)
+        for (int b = 0; b < 64; ++b)
+            if (mask[w] >> b & 1UL) {
+                if (found >= 0) return -1;
+                found = 64 * w + b;
+            }
+    return found;
+}
+/* Returns how many threads were pinned (n where every call succeeded). */
+int bind_threads(const int *cpus, int n) {
+    int ok = 0;
+#ifdef _OPENMP
+    OMP(omp parallel num_threads(n) reduction(+ : ok))
+    ok += omp_get_num_threads() == n ? pin_self(cpus[omp_get_thread_num()]) : 0;
+#else
+    ok = n == 1 ? pin_self(cpus[0]) : 0;
+#endif
+    return ok;
+}
+/* Lets each thread of the calling thread's team of n run on any of cpus[0..ncpus) again. */
+int release_threads(const int *cpus, int ncpus, int n) {
+    unsigned long mask[BIND_MASK_WORDS] = {0};
+    for (int i = 0; i < ncpus; ++i)
+        if (cpus[i] >= 0 && cpus[i] < 64 * BIND_MASK_WORDS) mask[cpus[i] / 64] |= 1UL << (cpus[i] % 64);
+    int ok = 0;
+    OMP(omp parallel num_threads(n) reduction(+ : ok))
+    ok += syscall(SYS_sched_setaffinity, 0, sizeof mask, mask) == 0;
+    return ok;
+}
+/* out[i]: the CPU team thread i of n is pinned to (-1: not pinned to one), for the tests. */
+void thread_cpus(int *out, int n) {
+#ifdef _OPENMP
+    OMP(omp parallel num_threads(n))
+    if (omp_get_thread_num() < n) out[omp_get_thread_num()] = pinned_cpu();
+#else
+    for (int i = 0; i < n; ++i) out[i] = i == 0 ? pinned_cpu() : -1;
+#endif
+}
