@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-USAGE = """usage: inferq bench {serve,modes,offline,structured,speculative} [options]
+USAGE = """usage: inferq bench {serve,modes,offline,structured,speculative,roofline} [options]
 
   serve    load-test a running inferq through Redis or the gateway (like `vllm bench serve`)
   modes    the four batching modes (naive, static, continuous, continuous+chunked) on one
@@ -20,6 +20,7 @@ USAGE = """usage: inferq bench {serve,modes,offline,structured,speculative} [opt
   offline  offline throughput: inferq engine vs HF generate vs HF generate_batch
   structured  a JSON Schema on every request vs the same mix unconstrained (and vs vLLM)
   speculative n-gram speculative decoding vs plain decoding on copy-heavy and random mixes (and vs vLLM)
+  roofline the CPU path's scaling model: bandwidth and compute measured at 1..N threads, steps projected to servers
 
 `inferq bench COMMAND --help` shows each command's options."""
 
@@ -162,11 +163,11 @@ def engine_bench(name: str) -> Callable[[Sequence[str]], int]:
 
 
 cmd_modes, cmd_offline, cmd_structured = engine_bench("modes"), engine_bench("offline"), engine_bench("structured")
-cmd_speculative = engine_bench("speculative")
+cmd_speculative, cmd_roofline = engine_bench("speculative"), engine_bench("roofline")
 
 
 COMMANDS = {"serve": cmd_serve, "modes": cmd_modes, "offline": cmd_offline, "structured": cmd_structured,
-            "speculative": cmd_speculative}
+            "speculative": cmd_speculative, "roofline": cmd_roofline}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

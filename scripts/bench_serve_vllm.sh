@@ -9,7 +9,8 @@
 # Environment: VLLM_PYTHON (default $INFERQ_VLLM_PYTHON or ~/.venvs/inferq-vllm-peer/bin/python),
 # MODEL_DIR (default: the bundled SmolLM2 converted to an HF folder, as bench offline uses),
 # OUT (result folder, default bench-serve-vllm), and the workload: NUM_PROMPTS (64),
-# INPUT_LEN (128), OUTPUT_LEN (64), RATE (4), DTYPE (bfloat16), KV_GIB (2).
+# INPUT_LEN (128), OUTPUT_LEN (64), RATE (4), DTYPE (bfloat16), KV_GIB (2); WORKER_THREADS
+# (default: the worker's own, all cores but one, as vLLM keeps one core for its front end).
 set -euo pipefail
 ROUNDS="${1:-2}"
 HERE="$(cd "$(dirname "$0")/.." && pwd)"
@@ -51,7 +52,7 @@ for round in $(seq 1 "$ROUNDS"); do
   redis-server --port "$rport" --save '' --appendonly no >"$OUT/redis-$round.log" 2>&1 &
   rpid=$!
   export INFERQ_REDIS_URL="redis://127.0.0.1:$rport/0"
-  OMP_NUM_THREADS=1 "$PY" -m gpuworker.service --model "$MODEL_DIR" --served-model-name "$NAME" \
+  "$PY" -m gpuworker.service ${WORKER_THREADS:+--torch-threads "$WORKER_THREADS"} --model "$MODEL_DIR" --served-model-name "$NAME" \
     --dtype "$DTYPE" --metrics-port 0 >"$OUT/inferq-$round.log" 2>&1 &
   wpid=$!
   until "$PY" -c "import sys; from producer import Producer; sys.exit(0 if Producer(default_model='$NAME').workers() else 1)" 2>/dev/null; do
