@@ -10,28 +10,17 @@ head's panels. Medians of 5 passes.
     python scripts/bench_cpu_matmul.py [--dtype bfloat16|float32] [--rows 1,8,32,64] [--no-lm-head | --embedding]
 """
 import argparse
-import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+from gpuworker.bench.offline import warm_median_s as median_s  # noqa: E402
 from gpuworker.models import cpu_linear  # noqa: E402
 
 SHAPES = {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down": (576, 1536), "lm_head": (49152, 576)}
-
-
-def median_s(fn, n=5) -> float:
-    fn()
-    out = []
-    for _ in range(n):
-        t = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - t)
-    return statistics.median(out)
 
 
 def main() -> int:

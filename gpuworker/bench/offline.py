@@ -71,6 +71,12 @@ def timed(fn: Callable[[], None], repeats: int) -> list[float]:
     return out
 
 
+def warm_median_s(fn: Callable[[], object], repeats: int = 5) -> float:
+    """Median seconds of ``repeats`` calls after one untimed warm-up call (micro-benchmarks)."""
+    fn()
+    return statistics.median(timed(fn, repeats))
+
+
 # -- systems ------------------------------------------------------------------
 def run_inferq(llm, wl: Workload) -> None:
     from schemas import SamplingParams

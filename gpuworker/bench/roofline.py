@@ -21,13 +21,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
-import time
 from dataclasses import dataclass
 
 import torch
 
+from gpuworker.bench.offline import warm_median_s
 from gpuworker.bench.random_model_shapes import SHAPES, Shape, parameter_count
 
 # The bundled model (HuggingFaceTB/SmolLM2-135M-Instruct's config), beside the random-weight shapes.
@@ -66,16 +65,6 @@ def step_ms(cost: dict, m: Machine) -> dict:
     return out
 
 
-def _median_s(fn, repeats: int = 5) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
-
-
 def measure(threads: int) -> Machine:
     """This machine at ``threads`` threads, through the engine's own fp32 matmul kernel."""
     from gpuworker.models import cpu_linear
@@ -90,10 +79,10 @@ def measure(threads: int) -> Machine:
     nbytes = sum(w.numel() * 4 for w in ws)
     del ws
     x1 = torch.randn(1, 576)
-    gbs = nbytes / _median_s(lambda: [p(x1, None) for p in packed]) / 1e9
+    gbs = nbytes / warm_median_s(lambda: [p(x1, None) for p in packed]) / 1e9
     xs = torch.randn(512, 576)
     few = packed[:8]  # compute: 512 rows on 8 weights (the weight is read once per row block)
-    gflops = 2 * 512 * 1536 * 576 * len(few) / _median_s(lambda: [p(xs, None) for p in few]) / 1e9
+    gflops = 2 * 512 * 1536 * 576 * len(few) / warm_median_s(lambda: [p(xs, None) for p in few]) / 1e9
     return Machine(f"this machine, {threads} thread(s)", threads, gbs, gflops)
 
 
