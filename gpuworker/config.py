@@ -57,7 +57,7 @@ class EngineConfig:
     prepack_weights: Optional[bool] = None
     # CPU: small C kernels (paged decode attention without the KV gather; rotary; fused
     # residual add + RMSNorm in bfloat16), compiled once with the system C compiler into
-    # ~/.cache/inferq/cpu_kernels (kernels/cpu/loader.py); OpenMP inside, on torch's thread
+    # ~/.cache/inferq/cpu_kernels (inferq_kernels/cpu/loader.py); OpenMP inside, on torch's thread
     # count. None/True: where they build; False (or INFERQ_CPU_KERNELS=0): torch only.
     cpu_kernels: Optional[bool] = None
     # Structured outputs: compiled grammars kept per process (LRU; a deep copy per request).

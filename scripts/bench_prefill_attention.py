@@ -2,7 +2,7 @@
 """Micro-benchmark of one layer's prefill attention on the CPU, per prefill route of
 gpuworker/attention/torch_backend.py: "torch" (baddbmm with an additive causal mask, SDPA past
 its size limit), "rows" (the C paged-decode kernel, row j of a chunk seeing its context + j + 1
-keys) and "tiled" (kernels/cpu/paged_prefill.c: query tiles x key chunks, online softmax),
+keys) and "tiled" (inferq_kernels/cpu/paged_prefill.c: query tiles x key chunks, online softmax),
 plus "auto", the backend's own choice. SmolLM2-135M's heads by default (9 query, 3 kv, head
 size 64). Median of N calls per route, the routes alternating over 3 rounds (N: 20, fewer for
 slow cases, at least 3).

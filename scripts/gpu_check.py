@@ -38,7 +38,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 CPU_SMOKE = "--cpu-smoke" in sys.argv
-if CPU_SMOKE:  # must precede any kernels.* import: triton.jit reads it at definition time
+if CPU_SMOKE:  # must precede any inferq_kernels.* import: triton.jit reads it at definition time
     os.environ["TRITON_INTERPRET"] = "1"
 else:
     os.environ.pop("TRITON_INTERPRET", None)  # compiled kernels only
@@ -86,10 +86,10 @@ KERNEL_CASES = [
 
 
 def check_kernels(budget: Budget) -> None:
-    from kernels import reference
-    from kernels.reshape_and_cache import reshape_and_cache
-    from kernels.runtime import is_interpreted
-    from kernels.unified_attention import _unified_attention_kernel, unified_attention
+    from inferq_kernels import reference
+    from inferq_kernels.reshape_and_cache import reshape_and_cache
+    from inferq_kernels.runtime import is_interpreted
+    from inferq_kernels.unified_attention import _unified_attention_kernel, unified_attention
     from tests.kernels.paged_batch import ERROR_BOUNDS, make_paged_batch
 
     assert is_interpreted(_unified_attention_kernel) == CPU_SMOKE, "kernels compiled/interpreted the wrong way"
@@ -232,8 +232,8 @@ def time_graph_ms(fn, calls: int = 20, replays: int = 10) -> float | None:
 
 
 def time_decode(budget: Budget) -> None:
-    from kernels.split_k_decode import choose_num_kv_splits
-    from kernels.unified_attention import unified_attention
+    from inferq_kernels.split_k_decode import choose_num_kv_splits
+    from inferq_kernels.unified_attention import unified_attention
 
     seq_len = 64 if CPU_SMOKE else 1024
     sms = torch.cuda.get_device_properties(0).multi_processor_count if DEVICE.type == "cuda" else 132

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-GPU_SIDE = {"gpuworker", "kernels", "torch", "triton", "transformers"}
-OURS = {"schemas", "producer", "gpuworker", "kernels", "inferq"}
+GPU_SIDE = {"gpuworker", "inferq_kernels", "torch", "triton", "transformers"}
+OURS = {"schemas", "producer", "gpuworker", "inferq_kernels", "inferq"}
 
 
 def imported_roots(path: Path) -> set[str]:
@@ -60,8 +60,8 @@ def test_producer_imports_only_schemas_of_ours():
 def test_the_scan_sees_lazy_imports(tmp_path):
     f = tmp_path / "probe.py"
     f.write_text("def later():\n    import gpuworker.service\n    from torch import nn\n"
-                 "    importlib.import_module('kernels.checks')\n")
-    assert {"gpuworker", "torch", "kernels"} <= imported_roots(f)
+                 "    importlib.import_module('inferq_kernels.checks')\n")
+    assert {"gpuworker", "torch", "inferq_kernels"} <= imported_roots(f)
 
 PROBE = r"""
 import importlib, pkgutil, sys
@@ -71,7 +71,7 @@ for root in roots:
     for m in pkgutil.walk_packages(pkg.__path__, root + "."):
         importlib.import_module(m.name)
 loaded = set(sys.modules)
-print(",".join(sorted(x for x in ("torch", "gpuworker", "kernels", "producer", "transformers") if x in loaded)))
+print(",".join(sorted(x for x in ("torch", "gpuworker", "inferq_kernels", "producer", "transformers") if x in loaded)))
 """
 
 
@@ -87,10 +87,19 @@ def test_producer_and_schemas_need_no_torch():
 
 
 def test_kernels_import_nothing_of_ours():
-    loaded = loaded_after_importing("kernels")
+    loaded = loaded_after_importing("inferq_kernels")
     assert "gpuworker" not in loaded and "producer" not in loaded, loaded
 
 
 def test_schemas_import_nothing_of_ours():
     loaded = loaded_after_importing("schemas")
-    assert loaded.isdisjoint({"gpuworker", "producer", "kernels", "torch"}), loaded
+    assert loaded.isdisjoint({"gpuworker", "producer", "inferq_kernels", "torch"}), loaded
+
+
+def test_no_root_of_ours_is_another_distributions_import_name():
+    """A top-level package of ours with the import name of an installed dependency shadows
+    it (transformers 5.25 pulled Hugging Face's ``kernels`` and broke on our old kernels/)."""
+    from importlib.metadata import packages_distributions
+    owners = packages_distributions()
+    clashes = {root: owners[root] for root in OURS if set(owners.get(root, [])) - {"inferq"}}
+    assert not clashes, f"our top-level packages share an import name with: {clashes}"

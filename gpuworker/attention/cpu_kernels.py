@@ -1,5 +1,5 @@
 """Small C kernels for the CPU path: decode attention straight over the paged KV
-cache, tiled prefill attention over it (kernels/cpu/paged_prefill.c, its own build: see
+cache, tiled prefill attention over it (inferq_kernels/cpu/paged_prefill.c, its own build: see
 that file and ``_PREFILL_FLAGS``; ``prefill_fns`` is empty where it did not build), rotary of q and k
 (bit-identical to the torch ops; llama.rotate_qk), SiLU-and-mul of the MLP
 (llama.silu_and_mul) and a fused residual add + RMSNorm (llama.add_rms_norm).
@@ -16,8 +16,8 @@ scored against every cached key (scores kept in fp32), softmax in two passes
 divided by the sum once. Inputs and outputs are float32 or bfloat16 (bf16 read
 as the high half of an fp32, results rounded to nearest-even, as torch does).
 
-The C lives in kernels/cpu/paged_decode.c (plain C, no torch headers), built
-by kernels/cpu/loader.py on first use (``-O3 -march=native``, warnings on; about
+The C lives in inferq_kernels/cpu/paged_decode.c (plain C, no torch headers), built
+by inferq_kernels/cpu/loader.py on first use (``-O3 -march=native``, warnings on; about
 a second) into ``$INFERQ_CACHE_DIR/cpu_kernels`` (default ``~/.cache/inferq``) and
 loaded with ctypes; this module types its functions. Where there is no compiler, the build
 fails, or ``INFERQ_CPU_KERNELS=0`` is set, ``load()`` returns None and the
@@ -36,8 +36,8 @@ import ctypes
 import threading
 from pathlib import Path
 
-from kernels.cpu import loader
-from kernels.cpu.loader import compiler, cpu_has, cpu_vendor, enabled  # noqa: F401  (this module's API)
+from inferq_kernels.cpu import loader
+from inferq_kernels.cpu.loader import compiler, cpu_has, cpu_vendor, enabled  # noqa: F401  (this module's API)
 
 
 _FLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-std=c11", "-fno-math-errno", "-fno-trapping-math",

@@ -13,7 +13,7 @@ same ``AttentionMetadata``; planning reads only the host lists, so nothing syncs
   call of the paged-decode kernel, straight over the paged cache, and every prefill chunk
   (q_len > 1: a fresh prompt, a later chunk of a long one, a prefix-cache hit, speculative
   tokens to verify) with >= 8 (token, query head) rows per kv head to ONE call of the tiled
-  prefill kernel (kernels/cpu/paged_prefill.c: a tile of 16 such rows against each 16-key
+  prefill kernel (inferq_kernels/cpu/paged_prefill.c: a tile of 16 such rows against each 16-key
   chunk of the cache, online softmax, causal mask only where a chunk crosses the tile's rows).
   Measured per route (``scripts/bench_prefill_attention.py``, docs/benchmarks.md: 2-2,048
   tokens, contexts 0/512/1,024, fp32 and bf16, 1 and 2 threads, G = 1/3/4, D = 64/128) it
@@ -89,7 +89,7 @@ class _NativeDecode:
 
 @dataclass
 class _TiledPrefill:
-    """Prefill chunks for the tiled C kernel (kernels/cpu/paged_prefill.c), one entry per chunk;
+    """Prefill chunks for the tiled C kernel (inferq_kernels/cpu/paged_prefill.c), one entry per chunk;
     host int64 arrays, read through their data pointers."""
 
     q_start: torch.Tensor  # [C] first query row
@@ -363,7 +363,7 @@ class TorchAttentionBackend(AttentionBackend):
 
     def _prefill_tiled(self, q, out, key_cache, value_cache, meta: AttentionMetadata,
                        tp: _TiledPrefill, scale: float) -> None:
-        """Every tiled-route chunk in one C call (kernels/cpu/paged_prefill.c), straight over
+        """Every tiled-route chunk in one C call (inferq_kernels/cpu/paged_prefill.c), straight over
         the paged cache (the chunks' own k/v were written there first)."""
         num_heads, head_dim = q.shape[1], q.shape[2]
         num_kv_heads = key_cache.shape[2]

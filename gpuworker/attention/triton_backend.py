@@ -17,15 +17,15 @@ from __future__ import annotations
 import torch
 
 from gpuworker.attention.base import AttentionBackend, AttentionMetadata, KVCache
-from kernels.reshape_and_cache import reshape_and_cache
-from kernels.unified_attention import unified_attention
+from inferq_kernels.reshape_and_cache import reshape_and_cache
+from inferq_kernels.unified_attention import unified_attention
 
 
 class TritonAttentionBackend(AttentionBackend):
     name = "triton"
 
     def __init__(self, num_kv_splits: int | None = None) -> None:
-        # None: split-K picked per step from the batch shape (see kernels/split_k_decode.py).
+        # None: split-K picked per step from the batch shape (see inferq_kernels/split_k_decode.py).
         if num_kv_splits is not None and (not isinstance(num_kv_splits, int) or num_kv_splits < 1):
             raise ValueError(f"num_kv_splits must be None or an int >= 1, got {num_kv_splits!r}")
         self.num_kv_splits = num_kv_splits

@@ -37,8 +37,8 @@ has no OpenMP). Past ``max_rows`` (float32 on Intel and on AVX2: prompt chunks, 
 is faster) the float32 panels go to MKL as they lie: ``[n/P][k][P]`` is a batch of
 ``k x P`` matrices, so ``x @ panels`` is one batched matmul with no copy of the weight
 (bench_cpu_matmul.py's "MKL on panels" column). ``rows(ids)`` reads rows of the weight back
-out of the panels (the embedding of a tied LM head). The C is in kernels/cpu/linear_avx512.c and
-kernels/cpu/linear_avx2.c, built by kernels/cpu/loader.py: on CPUs with AVX-512F (else AVX2 + FMA), AMX only where
+out of the panels (the embedding of a tied LM head). The C is in inferq_kernels/cpu/linear_avx512.c and
+inferq_kernels/cpu/linear_avx2.c, built by inferq_kernels/cpu/loader.py: on CPUs with AVX-512F (else AVX2 + FMA), AMX only where
 /proc/cpuinfo lists it and Linux grants the process AMX state
 (``arch_prctl(ARCH_REQ_XCOMP_PERM)``); ``lib.bf16`` names the bf16 kernel ("amx",
 "avx512_bf16" or None).
@@ -51,12 +51,12 @@ import threading
 import torch
 
 from gpuworker.attention import cpu_kernels
-from kernels.cpu import loader
+from inferq_kernels.cpu import loader
 
 _FLAGS = ["-O3", "-march=native", "-mamx-tile", "-mamx-bf16", "-mavx512bf16", "-std=gnu11"]
 
 # float32 on CPUs with AVX2 + FMA but no AVX-512 (e.g. AMD EPYC before Zen 4): the same
-# scheme with 16-column panels and 6 x 16 accumulators (kernels/cpu/linear_avx2.c).
+# scheme with 16-column panels and 6 x 16 accumulators (inferq_kernels/cpu/linear_avx2.c).
 # Built without -march=native so an AVX-512 build machine cannot slip wider code in.
 _FLAGS_AVX2 = ["-O3", "-mavx2", "-mfma", "-std=gnu11"]
 

@@ -50,7 +50,7 @@ class WorkerSettings(QueuePolicy):
     device: Optional[str] = Field(_engine_default("device"), description="cpu | cuda | cuda:N")
     dtype: Optional[str] = Field(_engine_default("dtype"), description="auto (default: bfloat16 on CUDA or a CPU with AVX512-BF16/AMX, else float32) | float32 | bfloat16 | float16")
     torch_threads: Optional[int] = Field(None, ge=1, description="CPU compute threads (default: $OMP_NUM_THREADS, else all cores but one, left to the queue and reply work as vLLM leaves one to its front end)")
-    cpu_threads_bind: str = Field("auto", description="CPU each compute thread is pinned to: auto (with 2+ threads: one per physical core of one NUMA node, its first core left free) | off | a list such as 0-3,8 (kernels/cpu/binding.py)")
+    cpu_threads_bind: str = Field("auto", description="CPU each compute thread is pinned to: auto (with 2+ threads: one per physical core of one NUMA node, its first core left free) | off | a list such as 0-3,8 (inferq_kernels/cpu/binding.py)")
 
     # Queue behaviour
     worker_id: str = Field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}", description="stable consumer name (default host-pid)")
@@ -105,7 +105,7 @@ class WorkerSettings(QueuePolicy):
 
     @model_validator(mode="after")
     def _threads_bind_parses(self):
-        from kernels.cpu import binding
+        from inferq_kernels.cpu import binding
 
         binding.plan(self.torch_threads or 1, self.cpu_threads_bind)  # ValueError names the setting
         return self

@@ -36,12 +36,12 @@ def build_engine(s: WorkerSettings):
 
 def set_cpu_threads(s: WorkerSettings) -> int:
     """torch's CPU threads for the engine (the C kernels follow the same count), set before
-    it loads, and where they are pinned (kernels/cpu/binding.py; applied at the first kernel
+    it loads, and where they are pinned (inferq_kernels/cpu/binding.py; applied at the first kernel
     call of the engine's thread). Default all cores this process may use but one; with 2 cores
     that is 1: the other core runs intake, publishing and Redis instead of fighting the forward."""
     import torch
 
-    from kernels.cpu import binding
+    from inferq_kernels.cpu import binding
 
     n = s.torch_threads
     if n is None:

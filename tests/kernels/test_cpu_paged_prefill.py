@@ -1,5 +1,5 @@
-"""kernels/cpu/paged_prefill.c (tiled causal prefill attention over the paged cache) against
-its plain-torch reference (kernels/cpu/reference.py ``paged_prefill``): random chunks of
+"""inferq_kernels/cpu/paged_prefill.c (tiled causal prefill attention over the paged cache) against
+its plain-torch reference (inferq_kernels/cpu/reference.py ``paged_prefill``): random chunks of
 several lengths, with and without a context, GQA groups 1-8, head sizes 64 and 128 (and odd
 ones), shuffled block tables; the 8-lane (AVX2) build as well as the native one."""
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from gpuworker.attention import cpu_kernels
-from kernels.cpu import loader, reference
+from inferq_kernels.cpu import loader, reference
 
 
 @pytest.fixture(scope="module")

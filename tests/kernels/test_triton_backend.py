@@ -13,7 +13,7 @@ import torch
 
 from gpuworker.attention.base import AttentionMetadata, get_backend
 from gpuworker.attention.triton_backend import TritonAttentionBackend
-from kernels import reference
+from inferq_kernels import reference
 
 BLOCK_SIZE = 16
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM = 6, 2, 64

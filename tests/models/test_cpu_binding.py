@@ -1,4 +1,4 @@
-"""Compute threads pinned to CPUs (kernels/cpu/binding.py, threads.h's bind_threads): the plan
+"""Compute threads pinned to CPUs (inferq_kernels/cpu/binding.py, threads.h's bind_threads): the plan
 for each setting on made-up topologies, and real pinning of a real team (in a child process,
 so the test process's own threads stay free)."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 
-from kernels.cpu import binding
+from inferq_kernels.cpu import binding
 
 
 def topology(cores_per_node: int, nodes: int = 1, smt: int = 1):
@@ -75,7 +75,7 @@ def test_worker_settings_refuse_a_bad_list():
 CHILD = textwrap.dedent("""
     import json, os, sys, torch
     from gpuworker.models import cpu_linear
-    from kernels.cpu import loader, binding
+    from inferq_kernels.cpu import loader, binding
     lib = cpu_linear.load()
     if lib is None or not lib.openmp:
         print(json.dumps({"skip": "no OpenMP kernels"})); sys.exit()

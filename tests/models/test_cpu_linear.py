@@ -11,7 +11,7 @@ from gpuworker.attention import cpu_kernels
 from gpuworker.models import cpu_linear
 from gpuworker.models.loader import load_model
 from gpuworker.models.weight_memory import held_bytes, one_copy_bytes
-from kernels.cpu import loader
+from inferq_kernels.cpu import loader
 from tests.models.test_model_vs_hf import run_chunked, sequences
 from tests.tiny_models import save_tiny_model
 

@@ -94,7 +94,7 @@ def test_paged_decode(dtype, lens, hq, hkv, d):
 
     (out,) = same_at_1_and_2(run)
     # and it is attention: against plain torch over the same paged cache
-    from kernels.cpu import reference
+    from inferq_kernels.cpu import reference
 
     for i, n in enumerate(lens):
         want = reference.paged_decode(q[i], kc, vc, tables[i], n, 0.125)
@@ -129,7 +129,7 @@ def test_paged_prefill(dtype, chunks, hq, hkv, d):
         return (out,)
 
     (out,) = same_at_1_and_2(run)
-    from kernels.cpu import reference
+    from inferq_kernels.cpu import reference
 
     for s, (c, n) in enumerate(chunks):
         st = int(starts[s])

@@ -41,7 +41,7 @@ VARIANTS = {
     "grouped_decodes": {"min_group_saving_blocks": 1, "native_decode": False},
     "torch_decodes": {"native_decode": False},
     "torch_prefills": {"native_prefill": False},
-    "tiled_prefills": {"prefill_path": "tiled"},  # kernels/cpu/paged_prefill.c for every chunk
+    "tiled_prefills": {"prefill_path": "tiled"},  # inferq_kernels/cpu/paged_prefill.c for every chunk
     "row_prefills": {"prefill_path": "rows"},  # the decode kernel row by row, contexts too
 }
 
@@ -297,7 +297,7 @@ def test_native_prefill_equals_torch_path(dtype, one_thread):
 def test_tiled_prefill_equals_torch_path(dtype, one_thread):
     """Chunks with a context (a later chunk, a prefix-cache hit; one past the explicit-scores
     limit, so SDPA's path is compared too), a fresh prompt and decodes in one step: the tiled
-    kernel (kernels/cpu/paged_prefill.c) against baddbmm/SDPA and the decode kernel's rows."""
+    kernel (inferq_kernels/cpu/paged_prefill.c) against baddbmm/SDPA and the decode kernel's rows."""
     _native_or_skip()
     n_kv, groups, head_dim, bs = 3, 3, 64, 16
     seqs = [(200, 300), (40, 1), (0, 17), (16, 5), (129, 1), (777, 64)]

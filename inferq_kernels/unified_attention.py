@@ -13,7 +13,7 @@ A program walks the KV tiles (``BLOCK_N`` keys, resolved key by key through
 the block table, so any block size works) up to the last key its last query
 row can see; tiles past the causal limit are never loaded. Softmax is online,
 in fp32 and base 2. With ``num_kv_splits > 1`` (split-K, see
-``kernels/split_k_decode.py``) each program covers one contiguous segment of
+``inferq_kernels/split_k_decode.py``) each program covers one contiguous segment of
 those tiles and writes a normalised partial output plus its log-sum-exp; a
 second kernel merges the segments.
 
@@ -28,9 +28,9 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.checks import check_unified_attention
-from kernels.runtime import check_launchable, num_compute_units
-from kernels.split_k_decode import choose_num_kv_splits, merge_kv_splits
+from inferq_kernels.checks import check_unified_attention
+from inferq_kernels.runtime import check_launchable, num_compute_units
+from inferq_kernels.split_k_decode import choose_num_kv_splits, merge_kv_splits
 
 
 @triton.jit
@@ -216,7 +216,7 @@ def unified_attention(
 ) -> torch.Tensor:
     """Causal attention of each sequence's new tokens over its whole cached sequence.
 
-    Same contract as ``kernels.reference.unified_attention``: sequence ``i``'s
+    Same contract as ``inferq_kernels.reference.unified_attention``: sequence ``i``'s
     rows ``query_start_loc[i]:query_start_loc[i+1]`` are its last tokens and
     their K/V are already in the cache. Rows past ``query_start_loc[B]`` are
     left untouched. Nothing is read back to the host, so a call can be captured

@@ -1,6 +1,6 @@
-/* Shared by every C file in kernels/cpu: the loader inlines it in place of its #include, so
+/* Shared by every C file in inferq_kernels/cpu: the loader inlines it in place of its #include, so
    the source hash covers it. */
-/* Threads: built with -fopenmp where libgomp is there (kernels/cpu/loader.py), else one
+/* Threads: built with -fopenmp where libgomp is there (inferq_kernels/cpu/loader.py), else one
    thread. kernel_threads(n) sets how many the next calls use (torch.get_num_threads(), set by
    the Python side when it changes); work is split so each output is computed by one thread
    in the one-thread order, so any thread count gives bit-identical results. */
@@ -23,7 +23,7 @@ int kernel_threads(int n) {
 #endif
 }
 
-/* Pinning (kernels/cpu/binding.py): OpenMP thread i of the calling thread's team of n is held
+/* Pinning (inferq_kernels/cpu/binding.py): OpenMP thread i of the calling thread's team of n is held
    to cpus[i], as vLLM's VLLM_CPU_OMP_THREADS_BIND does. libgomp keeps one pool per calling
    thread and torch loads the same libgomp, so torch's own parallel regions of n threads run on
    these pinned threads too. Raw syscalls: no _GNU_SOURCE needed before the system headers. */

@@ -1,4 +1,4 @@
-"""Plain-torch references of the C kernels in kernels/cpu, one per kernel, at the tensor level
+"""Plain-torch references of the C kernels in inferq_kernels/cpu, one per kernel, at the tensor level
 (the C functions take the same tensors as pointers, strides and sizes; gpuworker/attention/
 cpu_kernels.py and gpuworker/models/cpu_linear.py do that translation). The tests compare the
 kernels to these; where a kernel's roundings differ (its own exp, its order of fp32 sums) the

@@ -1,4 +1,4 @@
-"""Build a C source of kernels/cpu once and load it with ctypes.
+"""Build a C source of inferq_kernels/cpu once and load it with ctypes.
 
 The system C compiler turns ``<stem>.c`` into ``$INFERQ_CACHE_DIR/cpu_kernels/<stem>_<key>.so``
 (default ``~/.cache/inferq``; key: the source, compiler, flags and the CPU's feature flags), so
@@ -97,7 +97,7 @@ def openmp_flags(cc: str) -> tuple[str, ...]:
 
 def sync_threads(lib: ctypes.CDLL) -> None:
     """Make ``lib``'s kernels use ``torch.get_num_threads()`` threads (a no-op when unchanged),
-    and pin the calling thread's team as kernels/cpu/binding.py plans, once per (thread, count)."""
+    and pin the calling thread's team as inferq_kernels/cpu/binding.py plans, once per (thread, count)."""
     import torch
 
     n = torch.get_num_threads()
@@ -115,7 +115,7 @@ _team: dict[int, "tuple[int, list[int] | None]"] = {}
 
 
 def _pin(lib: ctypes.CDLL, ident: int, n: int) -> None:
-    from kernels.cpu import binding
+    from inferq_kernels.cpu import binding
 
     try:
         cpus = binding.plan(n) if lib.openmp or n == 1 else None
@@ -149,7 +149,7 @@ def source(stem: str) -> str:
 
 
 def build(stem: str, flags: list[str]) -> ctypes.CDLL | None:
-    """kernels/cpu/<stem>.c compiled with ``flags`` (plus warnings, -fPIC -shared) and loaded;
+    """inferq_kernels/cpu/<stem>.c compiled with ``flags`` (plus warnings, -fPIC -shared) and loaded;
     None, logged, where there is no compiler or the build or load fails."""
     cc = compiler()
     if not cc:
