@@ -270,17 +270,19 @@ static const mk2_fn MK2[7] = {0, mk2_1, mk2_2, mk2_3, mk2_4, mk2_5, mk2_6};
 /* Blocked as a GEMM: rows in blocks whose activations stay in L2 (a prompt step's x, 2,048 x
    576 floats = 4.7 MB, read again from L3 for every panel pair made the time swing 1.5x with
    what the L3's other tenants did), and for each panel pair one k block (64 x 64 floats,
-   16 KB) at a time, which every 6-row chunk of the row block then reads from L1. */
+   16 KB) at a time, which every 6-row chunk of the row block then reads from L1. Threads split
+   the (row block, panel pair) units: panel pairs, and row blocks where the pairs alone are too
+   few for the threads (a 576-wide projection has 9 pairs). */
 int f32_linear(const float *x, int64_t ldx, int64_t m, const float *wp, int64_t n, int64_t k,
                const float *bias, float *y, int64_t ldy) {
     if (m <= NARROW_ROWS || n % 32) return f32_linear_narrow(x, ldx, m, wp, n, k, bias, y, ldy);
-    int64_t mc = X_BLOCK_BYTES / (k * (int64_t)sizeof(float)) / 6 * 6;
-    if (mc < 6) mc = 6;
-    OMP(omp parallel num_threads(kernel_nthreads))
-    for (int64_t mb = 0; mb < m; mb += mc) {
-        const int64_t me = m - mb < mc ? m : mb + mc;
-        OMP(omp for schedule(static)) /* threads split panel pairs; each output's sum order is unchanged */
-        for (int64_t np = 0; np < n / 64; ++np) {
+    const int64_t pairs = n / 64;
+    const int64_t mc = row_block(m, X_BLOCK_BYTES / (k * (int64_t)sizeof(float)), pairs, 6);
+    const int64_t blocks = (m + mc - 1) / mc;
+    OMP(omp parallel for collapse(2) schedule(static) num_threads(kernel_nthreads))
+    for (int64_t rb = 0; rb < blocks; ++rb)
+        for (int64_t np = 0; np < pairs; ++np) {
+            const int64_t mb = rb * mc, me = m - mb < mc ? m : mb + mc;
             const float *p0 = wp + 2 * np * k * 32, *p1 = p0 + k * 32;
             for (int64_t k0 = 0; k0 < k; k0 += KB) {
                 const int64_t k1 = k - k0 < KB ? k : k0 + KB;
@@ -296,7 +298,6 @@ int f32_linear(const float *x, int64_t ldx, int64_t m, const float *wp, int64_t 
                 }
             }
         }
-    }
     if (n % 64)  /* an odd last panel */
         return f32_linear_narrow(x, ldx, m, wp + (n - 32) * k, 32, k, bias ? bias + n - 32 : 0, y + n - 32, ldy);
     return 0;

@@ -165,12 +165,16 @@ DEFINE_PV64_ALL(pv64, uint16_t, LOAD16_BF16)
 #define FAST_DOTS_F32(T, d) (sizeof(T) == 4 && (d) % 16 == 0 && bs == 16)
 #define FAST_PV_F32(T, d) (sizeof(T) == 4 && (d) == 64)
 #else
+/* stubs where the fast paths are not built: never called (FAST_* say 0), their parameters unused */
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wunused-parameter"
 static inline void dots_f32(const float *q, const float *k, int64_t tok_stride, int64_t n,
                             int64_t g_n, int64_t d, float scale, float *scores, int64_t len) { }
 static inline void pv64f(const float *v, int64_t ts, int64_t n, const float *p, int64_t len,
                          float *acc, int64_t g_n) { }
 static inline void pv64(const uint16_t *v, int64_t ts, int64_t n, const float *p, int64_t len,
                         float *acc, int64_t g_n) { }
+#pragma GCC diagnostic pop
 #define FAST_DOTS_F32(T, d) 0
 #define FAST_PV_F32(T, d) 0
 #define FAST_PV(T, d) 0
@@ -191,8 +195,11 @@ DEFINE_DOTS(dots_bf16, uint16_t, 32, FMA_BF16)
 #define FAST_DOTS(T, d) (sizeof(T) == 2 && (d) % 32 == 0 && bs == 16)
 
 #else
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wunused-parameter" /* a stub, never called (FAST_DOTS says 0) */
 static inline void dots_bf16(const uint16_t *q, const uint16_t *k, int64_t tok_stride, int64_t n,
                              int64_t g_n, int64_t d, float scale, float *scores, int64_t len) { }
+#pragma GCC diagnostic pop
 #define FAST_DOTS(T, d) 0
 #endif
 

@@ -4,6 +4,7 @@
    thread. kernel_threads(n) sets how many the next calls use (torch.get_num_threads(), set by
    the Python side when it changes); work is split so each output is computed by one thread
    in the one-thread order, so any thread count gives bit-identical results. */
+#include <stdint.h>
 #ifdef _OPENMP
 #include <omp.h>
 #define OMP(x) _Pragma(#x)
@@ -14,6 +15,19 @@ static inline int thread_id(void) { return omp_get_thread_num(); }
 static int kernel_nthreads = 1;
 static inline int thread_id(void) { return 0; }
 #endif
+/* Rows per row block of a blocked matmul: at most cache_rows (the activations that stay in L2),
+   fewer where the output panels alone are too few to give every thread work (a narrow
+   projection on a many-core server), a multiple of step (the micro-kernel's rows). Results do
+   not depend on it: each output's sum runs over k in the same order whatever block holds it. */
+static inline int64_t row_block(int64_t m, int64_t cache_rows, int64_t panels, int64_t step) {
+    int64_t mc = cache_rows;
+    if (panels > 0 && panels < kernel_nthreads) {
+        const int64_t blocks = (kernel_nthreads + panels - 1) / panels;
+        const int64_t per = ((m + blocks - 1) / blocks + step - 1) / step * step;
+        if (per < mc) mc = per;
+    }
+    return mc < step ? step : mc / step * step;
+}
 int kernel_threads(int n) {
     kernel_nthreads = n < 1 ? 1 : n;
 #ifdef _OPENMP
@@ -29,6 +43,7 @@ int kernel_threads(int n) {
    these pinned threads too. Raw syscalls: no _GNU_SOURCE needed before the system headers. */
 #include <unistd.h>
 #include <sys/syscall.h>
+long syscall(long number, ...); /* unistd.h hides it under -std=c11 (no _DEFAULT_SOURCE) */
 #define BIND_MASK_WORDS 16 /* 1,024 CPUs */
 static int pin_self(int cpu) {
     unsigned long mask[BIND_MASK_WORDS] = {0};

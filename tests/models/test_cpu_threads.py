@@ -135,3 +135,22 @@ def test_paged_prefill(dtype, chunks, hq, hkv, d):
         st = int(starts[s])
         want = reference.paged_prefill(q[st : st + n], kc, vc, tables[s], c, d**-0.5)
         assert torch.allclose(out[st : st + n].float(), want.float(), rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("threads", [3, 8])
+def test_linear_more_threads_than_panels(threads):
+    """A narrow projection on a server with more threads than output panels: the threads also
+    split row blocks. Bit-identical to one thread, and each row to that row computed alone."""
+    lib = cpu_linear.load()
+    if lib is None:
+        pytest.skip("no float32 matmul kernel on this CPU")
+    g = torch.Generator().manual_seed(5)
+    w, bias = torch.randn(64, 200, generator=g), torch.randn(64, generator=g)  # 2-4 panels
+    packed = cpu_linear.PackedWeight(lib, w)
+    x = torch.randn(min(150, packed.max_rows), 200, generator=g)
+    one = at_threads(1, lambda: packed(x, bias))
+    many = at_threads(threads, lambda: packed(x, bias))
+    assert torch.equal(one, many)
+    alone = at_threads(threads, lambda: torch.cat([packed(x[i:i + 1], bias) for i in range(x.shape[0])]))
+    assert torch.equal(alone, one)
+    assert torch.allclose(one, torch.nn.functional.linear(x, w, bias), rtol=1e-4, atol=1e-4)
