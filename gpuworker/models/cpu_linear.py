@@ -26,15 +26,14 @@ pass with software prefetch), each row chunk reusing the panel from L1/L2:
   128-2,048 rows on a 2-core Zen 5, so there the kernel runs every batch size.
 * float32 on AVX2 + FMA without AVX-512 (e.g. AMD EPYC before Zen 4): the same with
   16-column panels and 6 x 16 accumulators; 1.1-2x ``F.linear`` (MKL) at 1-64 rows
-  on a 2-core EPYC (scripts/bench_cpu_matmul.py), and ~1.2x at 100-320 rows, so
-  there it also runs prompt-sized steps.
+  on a 2-core EPYC (scripts/bench_cpu_matmul.py), level with it past that and 1.3-1.6x
+  MKL on its panels, so there it runs every batch size.
 
 The packed panels replace the plain weight (one copy of the weights in memory):
 ``PackedWeight`` runs every batch size, its kernel up to ``max_rows`` rows, on
 ``torch.get_num_threads()`` threads (OpenMP, split over output panels: each output summed
 in the one-thread order, so bit-identical at any thread count; one thread where the build
-has no OpenMP). Past ``max_rows`` (float32 on Intel and on AVX2: prompt chunks, where MKL
-is faster) the float32 panels go to MKL as they lie: ``[n/P][k][P]`` is a batch of
+has no OpenMP). Past ``max_rows`` (float32 on Intel: prompt chunks, where MKL is faster) the float32 panels go to MKL as they lie: ``[n/P][k][P]`` is a batch of
 ``k x P`` matrices, so ``x @ panels`` is one batched matmul with no copy of the weight
 (bench_cpu_matmul.py's "MKL on panels" column). ``rows(ids)`` reads rows of the weight back
 out of the panels (the embedding of a tied LM head). The C is in inferq_kernels/cpu/linear_avx512.c and
@@ -64,10 +63,7 @@ _lock = threading.Lock()
 _loaded: "ctypes.CDLL | None | bool" = False  # False = not tried yet
 
 # Rows up to which each kernel beats torch (above: MKL on the float32 panels).
-# The AVX2 kernel also beats MKL on prompt-sized steps (~1.2x at 100-320 rows on a 2-core
-# EPYC; equal past that: scripts/bench_cpu_matmul.py --dtype float32 --no-lm-head).
 MAX_ROWS = {torch.float32: 64}
-MAX_ROWS_AVX2_F32 = 320
 # Kernels that run every batch size (in chunks of this many rows). The AVX512-BF16 kernel:
 # on a 2-core Zen 5 it streamed the weights 1.25-1.5x faster than oneDNN's packing at 1-32
 # rows and matched it up to 2,048 (bench_cpu_matmul.py). The AMX one: its panels are the
@@ -79,6 +75,11 @@ MAX_ROWS_DP_BF16 = MAX_ROWS_AMX_BF16 = ALL_ROWS
 # size. (oneDNN's fp32 packing was ~1.15x the kernel at 2,048 rows, but it builds a
 # primitive per distinct batch size: a worker's memory grew by ~430 MB over 12,000 jobs.)
 MAX_ROWS_AVX512_F32_OFF_INTEL = ALL_ROWS
+# The AVX2 kernel: on a 2-core Zen 3 (scripts/bench_cpu_matmul.py --dtype float32 --no-lm-head)
+# level with F.linear on the plain weights at 256-1,024 rows, but 1.33x / 1.56x faster than
+# MKL on its panels (the one copy there is), which a 2,048-token prompt step went to when
+# this stopped at 320 rows: prompts-only ran at 0.81x vLLM.
+MAX_ROWS_AVX2_F32 = ALL_ROWS
 
 
 def f32_max_rows(lib: ctypes.CDLL) -> int:
