@@ -48,8 +48,10 @@ fi
 # if this runs as root on a machine with apt-get; otherwise say how.
 if [ "$extra" = "test" ] && ! { command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1; }; then
   if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium chromium-driver >/dev/null ||
-      { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium chromium-driver >/dev/null; }
+    # wait for dpkg's lock (another install, unattended upgrades) instead of failing at once
+    apt=(apt-get -o DPkg::Lock::Timeout=600)
+    DEBIAN_FRONTEND=noninteractive "${apt[@]}" install -y -q --no-install-recommends chromium chromium-driver >/dev/null ||
+      { "${apt[@]}" update -q >/dev/null && DEBIAN_FRONTEND=noninteractive "${apt[@]}" install -y -q --no-install-recommends chromium chromium-driver >/dev/null; }
   else
     echo "install.sh: no chromium + chromium-driver for the dashboard's browser test; install them as root" \
          "(Debian/Ubuntu: apt-get install chromium chromium-driver), or that test is skipped" >&2
