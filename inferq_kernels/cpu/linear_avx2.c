@@ -12,54 +12,73 @@ int f32_pack(const float *w, int64_t n, int64_t k, float *out) {
 }
 
 #define KB 64 /* k summed in blocks of KB, the blocks added in order (rounding error like MKL's) */
+#define MR_MAX 6 /* rows per micro-kernel call: 12 accumulators, 2 weight vectors, 1 broadcast */
+#define X_BLOCK_BYTES (128 << 10) /* activations per row block: 96-192 KB measured best on a Zen 3 (L2 512 KB) */
+#define UNROLLED _Pragma("GCC unroll 8")
+
+/* One k block of MR rows x 16 columns: y = (first block) or += x[:, block] @ panel[block]
+   (+ bias after the last block). While it runs it prefetches npf lines of what comes next
+   from pf (its share of the next k block, spread over the chunks of the row block), so the
+   weight stream from DRAM overlaps the FMAs of every chunk, not only the first. */
 #define DEFINE_MK(MR)                                                                            \
-static void mk_##MR(const float *x, int64_t ldx, const float *b, int64_t k, int first,           \
-                    const float *bias, float *y, int64_t ldy) {                                  \
-    for (int64_t k0 = 0; k0 < k; k0 += KB) {                                                     \
-        const int64_t k1 = k - k0 < KB ? k : k0 + KB;                                            \
-        __m256 a0[MR], a1[MR];                                                                   \
-        for (int r = 0; r < MR; ++r) { a0[r] = _mm256_setzero_ps(); a1[r] = _mm256_setzero_ps(); } \
-        for (int64_t kk = k0; kk < k1; ++kk) {                                                   \
-            if (first) _mm_prefetch((const char *)(b + (kk + 32) * 16), _MM_HINT_T0);            \
-            const __m256 w0 = _mm256_loadu_ps(b + kk * 16), w1 = _mm256_loadu_ps(b + kk * 16 + 8); \
-            for (int r = 0; r < MR; ++r) {                                                       \
-                const __m256 xb = _mm256_broadcast_ss(x + r * ldx + kk);                         \
-                a0[r] = _mm256_fmadd_ps(xb, w0, a0[r]);                                          \
-                a1[r] = _mm256_fmadd_ps(xb, w1, a1[r]);                                          \
-            }                                                                                    \
+static void mk_##MR(const float *x, int64_t ldx, const float *b, int64_t kn, int accumulate,     \
+                    const float *pf, int64_t npf, const float *bias, float *y, int64_t ldy) {    \
+    __m256 a0[MR], a1[MR];                                                                       \
+    UNROLLED for (int r = 0; r < MR; ++r) { a0[r] = _mm256_setzero_ps(); a1[r] = _mm256_setzero_ps(); } \
+    for (int64_t kk = 0; kk < kn; ++kk) {                                                        \
+        if (kk < npf) _mm_prefetch((const char *)(pf + kk * 16), _MM_HINT_T0);                   \
+        const __m256 w0 = _mm256_loadu_ps(b + kk * 16), w1 = _mm256_loadu_ps(b + kk * 16 + 8);   \
+        UNROLLED for (int r = 0; r < MR; ++r) {                                                  \
+            const __m256 xb = _mm256_broadcast_ss(x + r * ldx + kk);                             \
+            a0[r] = _mm256_fmadd_ps(xb, w0, a0[r]);                                              \
+            a1[r] = _mm256_fmadd_ps(xb, w1, a1[r]);                                              \
         }                                                                                        \
-        for (int r = 0; r < MR; ++r) {                                                           \
-            float *yr = y + r * ldy;                                                             \
-            if (k0) { a0[r] = _mm256_add_ps(_mm256_loadu_ps(yr), a0[r]);                         \
-                      a1[r] = _mm256_add_ps(_mm256_loadu_ps(yr + 8), a1[r]); }                   \
-            if (k1 == k && bias) { a0[r] = _mm256_add_ps(a0[r], _mm256_loadu_ps(bias));           \
-                                   a1[r] = _mm256_add_ps(a1[r], _mm256_loadu_ps(bias + 8)); }     \
-            _mm256_storeu_ps(yr, a0[r]);                                                         \
-            _mm256_storeu_ps(yr + 8, a1[r]);                                                     \
-        }                                                                                        \
+    }                                                                                            \
+    UNROLLED for (int r = 0; r < MR; ++r) {                                                      \
+        float *yr = y + r * ldy;                                                                 \
+        if (accumulate) { a0[r] = _mm256_add_ps(_mm256_loadu_ps(yr), a0[r]);                     \
+                          a1[r] = _mm256_add_ps(_mm256_loadu_ps(yr + 8), a1[r]); }               \
+        if (bias) { a0[r] = _mm256_add_ps(a0[r], _mm256_loadu_ps(bias));                         \
+                    a1[r] = _mm256_add_ps(a1[r], _mm256_loadu_ps(bias + 8)); }                   \
+        _mm256_storeu_ps(yr, a0[r]);                                                             \
+        _mm256_storeu_ps(yr + 8, a1[r]);                                                         \
     }                                                                                            \
 }
 DEFINE_MK(1) DEFINE_MK(2) DEFINE_MK(3) DEFINE_MK(4) DEFINE_MK(5) DEFINE_MK(6)
-typedef void (*mk_fn)(const float *, int64_t, const float *, int64_t, int, const float *, float *, int64_t);
-static const mk_fn MK[7] = {0, mk_1, mk_2, mk_3, mk_4, mk_5, mk_6};
+typedef void (*mk_fn)(const float *, int64_t, const float *, int64_t, int, const float *, int64_t,
+                      const float *, float *, int64_t);
+static const mk_fn MK[MR_MAX + 1] = {0, mk_1, mk_2, mk_3, mk_4, mk_5, mk_6};
 
-/* y[m,n] = x[m,k] @ W^T (+ bias): one 16-column panel at a time, streamed once (prefetched on
-   the first row chunk), rows in chunks of 6 reusing the panel from L1/L2. Threads split the
-   panels, and the rows too where the panels alone are too few for the threads (a narrow
-   projection on a many-core server). Blocking the rows so the activations stay in L2, as the
-   AVX-512 kernel does, was measured on a Zen 3 and was no faster (1.15x slower at 128-256 rows). */
+/* y[m,n] = x[m,k] @ W^T (+ bias), blocked as a GEMM: rows in blocks whose activations stay in
+   L2; for each 16-column panel one k block (KB x 16 floats, 4 KB) at a time, which every row
+   chunk of the block then reads from L1. The chunks are of balanced sizes (32 rows: 6,6,5,5,5,5,
+   not 6 x 5 + 2: a chunk of fewer than 4 rows waits on FMA latency). Threads split the (row
+   block, panel) units: panels, and row blocks where the panels alone are too few for the
+   threads (a narrow projection on a many-core server). Each output is summed over k in the
+   same order whatever its chunk, block or thread: bit-identical at any batch or thread count. */
 int f32_linear(const float *x, int64_t ldx, int64_t m, const float *wp, int64_t n, int64_t k,
                const float *bias, float *y, int64_t ldy) {
     if (n % 16 || m <= 0) return -1;
-    const int64_t panels = n / 16, mc = row_block(m, m, panels, 6), blocks = (m + mc - 1) / mc;
+    const int64_t panels = n / 16;
+    const int64_t mc = row_block(m, X_BLOCK_BYTES / (k * (int64_t)sizeof(float)), panels, MR_MAX);
+    const int64_t blocks = (m + mc - 1) / mc;
     OMP(omp parallel for collapse(2) schedule(static) num_threads(kernel_nthreads))
     for (int64_t rb = 0; rb < blocks; ++rb)
         for (int64_t nb = 0; nb < panels; ++nb) {
-            const float *b = wp + nb * k * 16;
-            const int64_t mb = rb * mc, me = m - mb < mc ? m : mb + mc;
-            for (int64_t m0 = mb; m0 < me; m0 += 6) {
-                const int mr = me - m0 < 6 ? (int)(me - m0) : 6;
-                MK[mr](x + m0 * ldx, ldx, b, k, m0 == mb, bias ? bias + nb * 16 : 0, y + m0 * ldy + nb * 16, ldy);
+            const float *p = wp + nb * k * 16;
+            const int64_t mb = rb * mc, rows = (m - mb < mc ? m : mb + mc) - mb;
+            const int64_t chunks = (rows + MR_MAX - 1) / MR_MAX;
+            for (int64_t k0 = 0; k0 < k; k0 += KB) {
+                const int64_t kn = k - k0 < KB ? k - k0 : KB;
+                const float *bb = bias && k0 + kn == k ? bias + nb * 16 : 0;
+                for (int64_t c = 0, r0 = 0; c < chunks; ++c) {
+                    const int64_t r1 = rows * (c + 1) / chunks; /* balanced: sizes differ by <= 1 */
+                    /* this chunk's share of the next KB lines (past the panel's end: the next panel) */
+                    const int64_t f0 = KB * c / chunks, f1 = KB * (c + 1) / chunks;
+                    MK[r1 - r0](x + (mb + r0) * ldx + k0, ldx, p + k0 * 16, kn, k0 > 0,
+                                p + (k0 + KB + f0) * 16, f1 - f0, bb, y + (mb + r0) * ldy + nb * 16, ldy);
+                    r0 = r1;
+                }
             }
         }
     return 0;
