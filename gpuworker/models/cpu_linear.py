@@ -24,10 +24,11 @@ pass with software prefetch), each row chunk reusing the panel from L1/L2:
   576-long chain). 1.4-2x ``F.linear`` at 1-64 rows (not bit-identical to it). Off
   Intel, MKL (``F.linear``) takes a generic path, 2.2x slower than this kernel at
   128-2,048 rows on a 2-core Zen 5, so there the kernel runs every batch size.
-* float32 on AVX2 + FMA without AVX-512 (e.g. AMD EPYC before Zen 4): the same with
-  16-column panels and 6 x 16 accumulators; 1.1-2x ``F.linear`` (MKL) at 1-64 rows
-  on a 2-core EPYC (scripts/bench_cpu_matmul.py), level with it past that and 1.3-1.6x
-  MKL on its panels, so there it runs every batch size.
+* float32 on AVX2 + FMA without AVX-512 (e.g. AMD EPYC before Zen 4): 16-column panels,
+  6 x 16 accumulators, blocked as a GEMM past one row chunk (each panel's 64-long k blocks
+  read from L1 by every row chunk, rows in L2-sized blocks); 1.1-2x ``F.linear`` (MKL) at
+  1-64 rows on a 2-core EPYC (scripts/bench_cpu_matmul.py), level with it or faster past
+  that and 1.3-1.6x MKL on its panels, so there it runs every batch size.
 
 The packed panels replace the plain weight (one copy of the weights in memory):
 ``PackedWeight`` runs every batch size, its kernel up to ``max_rows`` rows, on
