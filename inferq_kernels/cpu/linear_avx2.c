@@ -14,6 +14,7 @@ int f32_pack(const float *w, int64_t n, int64_t k, float *out) {
 #define KB 64 /* k summed in blocks of KB, the blocks added in order (rounding error like MKL's) */
 #define MR_MAX 6 /* rows per micro-kernel call: 12 accumulators, 2 weight vectors, 1 broadcast */
 #define X_BLOCK_BYTES (128 << 10) /* activations per row block: 96-192 KB measured best on a Zen 3 (L2 512 KB) */
+#define L3_WEIGHT_BYTES (8 << 20) /* a weight up to this size is re-read from L3 (the rows-outer order) */
 #define UNROLLED _Pragma("GCC unroll 8")
 
 /* One k block of MR rows x 16 columns: y = (first block) or += x[:, block] @ panel[block]
@@ -62,24 +63,28 @@ int f32_linear(const float *x, int64_t ldx, int64_t m, const float *wp, int64_t 
     const int64_t panels = n / 16;
     const int64_t mc = row_block(m, X_BLOCK_BYTES / (k * (int64_t)sizeof(float)), panels, MR_MAX);
     const int64_t blocks = (m + mc - 1) / mc;
-    OMP(omp parallel for collapse(2) schedule(static) num_threads(kernel_nthreads))
-    for (int64_t rb = 0; rb < blocks; ++rb)
-        for (int64_t nb = 0; nb < panels; ++nb) {
-            const float *p = wp + nb * k * 16;
-            const int64_t mb = rb * mc, rows = (m - mb < mc ? m : mb + mc) - mb;
-            const int64_t chunks = (rows + MR_MAX - 1) / MR_MAX;
-            for (int64_t k0 = 0; k0 < k; k0 += KB) {
-                const int64_t kn = k - k0 < KB ? k - k0 : KB;
-                const float *bb = bias && k0 + kn == k ? bias + nb * 16 : 0;
-                for (int64_t c = 0, r0 = 0; c < chunks; ++c) {
-                    const int64_t r1 = rows * (c + 1) / chunks; /* balanced: sizes differ by <= 1 */
-                    /* this chunk's share of the next KB lines (past the panel's end: the next panel) */
-                    const int64_t f0 = KB * c / chunks, f1 = KB * (c + 1) / chunks;
-                    MK[r1 - r0](x + (mb + r0) * ldx + k0, ldx, p + k0 * 16, kn, k0 > 0,
-                                p + (k0 + KB + f0) * 16, f1 - f0, bb, y + (mb + r0) * ldy + nb * 16, ldy);
-                    r0 = r1;
-                }
+    /* A weight that stays in L3 is read again for every row block from there; a larger one
+       (Llama-3.2-1B's projections are 16-64 MB) would come from DRAM each time: it is walked
+       panel by panel instead, each panel (k x 64 bytes) read again from L2 by its row blocks. */
+    const int panel_outer = n * k * (int64_t)sizeof(float) > L3_WEIGHT_BYTES;
+    OMP(omp parallel for schedule(static) num_threads(kernel_nthreads))
+    for (int64_t u = 0; u < blocks * panels; ++u) {
+        const int64_t rb = panel_outer ? u % blocks : u / panels, nb = panel_outer ? u / blocks : u % panels;
+        const float *p = wp + nb * k * 16;
+        const int64_t mb = rb * mc, rows = (m - mb < mc ? m : mb + mc) - mb;
+        const int64_t chunks = (rows + MR_MAX - 1) / MR_MAX;
+        for (int64_t k0 = 0; k0 < k; k0 += KB) {
+            const int64_t kn = k - k0 < KB ? k - k0 : KB;
+            const float *bb = bias && k0 + kn == k ? bias + nb * 16 : 0;
+            for (int64_t c = 0, r0 = 0; c < chunks; ++c) {
+                const int64_t r1 = rows * (c + 1) / chunks; /* balanced: sizes differ by <= 1 */
+                /* this chunk's share of the next KB lines (past the panel's end: the next panel) */
+                const int64_t f0 = KB * c / chunks, f1 = KB * (c + 1) / chunks;
+                MK[r1 - r0](x + (mb + r0) * ldx + k0, ldx, p + k0 * 16, kn, k0 > 0,
+                            p + (k0 + KB + f0) * 16, f1 - f0, bb, y + (mb + r0) * ldy + nb * 16, ldy);
+                r0 = r1;
             }
         }
+    }
     return 0;
 }
