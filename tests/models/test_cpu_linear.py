@@ -92,6 +92,26 @@ def test_float32_row_results_do_not_depend_on_the_batch(lib):
         assert torch.equal(packed(x[:rows], b), alone[:rows]), rows
 
 
+def test_float32_weight_larger_than_l3_is_walked_panel_by_panel(lib):
+    """A weight past 8 MB (the AVX2 kernel walks it panel by panel, each panel's row blocks in
+    turn, instead of row block by row block): every row still equals that row alone, at 1 and 2
+    threads, and F.linear within fp32 rounding."""
+    g = torch.Generator().manual_seed(13)
+    w, b = torch.randn(2048, 1088, generator=g), torch.randn(2048, generator=g)  # 8.9 MB
+    packed = cpu_linear.PackedWeight(lib, w)
+    x = torch.randn(100, 1088, generator=g)  # 30-row blocks at k = 1,088 on AVX2
+    alone = torch.cat([packed(x[i:i + 1], b) for i in range(x.shape[0])])
+    assert torch.equal(packed(x, b), alone)
+    torch.set_num_threads(2)
+    try:
+        assert torch.equal(packed(x, b), alone)
+    finally:
+        torch.set_num_threads(1)
+    exact = F.linear(x.double(), w.double(), b.double())
+    ref_err = (F.linear(x, w, b).double() - exact).abs().max().item()
+    assert (alone.double() - exact).abs().max().item() <= max(4 * ref_err, 1e-4)
+
+
 def test_bfloat16_dot_product_kernel_takes_any_batch_and_even_k(lib, monkeypatch):
     """The AVX512-BF16 kernel (chosen on CPUs without AMX; tested on AMX ones too) runs
     prompt-sized steps, and any even K."""
