@@ -45,6 +45,16 @@ static inline float exp_neg(float x) {
     return v.f;
 }
 
+/* The vector exp_neg's (exp_neg16, exp_neg8) range reduction r = x - n ln2 (ln2 in two parts)
+   and degree-7 Taylor polynomial of e^r by Horner's rule, one FMA a step, for the intrinsic
+   family P (_mm512 or _mm256): the scalar exp_neg's constants, in the same order. */
+#define EXP_REDUCE(P, n, x) P##_fmadd_ps(n, P##_set1_ps(2.12194440e-4f), P##_fmadd_ps(n, P##_set1_ps(-0.693359375f), x))
+#define EXP_POLY(P, r)                                                                           \
+    P##_fmadd_ps(P##_fmadd_ps(P##_fmadd_ps(P##_fmadd_ps(P##_fmadd_ps(P##_fmadd_ps(P##_fmadd_ps(  \
+        P##_set1_ps(1.0f / 5040.0f), r, P##_set1_ps(1.0f / 720.0f)), r, P##_set1_ps(1.0f / 120.0f)), \
+        r, P##_set1_ps(1.0f / 24.0f)), r, P##_set1_ps(1.0f / 6.0f)), r, P##_set1_ps(0.5f)),        \
+        r, P##_set1_ps(1.0f)), r, P##_set1_ps(1.0f))
+
 #if HAVE_AVX512
 /* 16 vectors -> one vector of their 16 horizontal sums (lane t = sum of v[t]) */
 static inline __m512 sum16(const __m512 *v) {
@@ -66,16 +76,7 @@ static inline __m512 exp_neg16(__m512 x) {
     x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
     const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
                                           _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-0.693359375f), x);
-    r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
-    __m512 p = _mm512_set1_ps(1.0f / 5040.0f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    const __m512 r = EXP_REDUCE(_mm512, n, x), p = EXP_POLY(_mm512, r);
     const __m512i e = _mm512_slli_epi32(_mm512_cvtps_epi32(n), 23);
     return _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(p), e));
 }
@@ -186,16 +187,7 @@ static inline __m256 exp_neg8(__m256 x) {
     x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
     const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
                                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-0.693359375f), x);
-    r = _mm256_fmadd_ps(n, _mm256_set1_ps(2.12194440e-4f), r);
-    __m256 p = _mm256_set1_ps(1.0f / 5040.0f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    const __m256 r = EXP_REDUCE(_mm256, n, x), p = EXP_POLY(_mm256, r);
     const __m256i e = _mm256_slli_epi32(_mm256_cvtps_epi32(n), 23);
     return _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p), e));
 }
