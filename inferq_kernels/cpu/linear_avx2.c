@@ -78,7 +78,8 @@ int f32_linear(const float *x, int64_t ldx, int64_t m, const float *wp, int64_t 
             const float *bb = bias && k0 + kn == k ? bias + nb * 16 : 0;
             for (int64_t c = 0, r0 = 0; c < chunks; ++c) {
                 const int64_t r1 = rows * (c + 1) / chunks; /* balanced: sizes differ by <= 1 */
-                /* this chunk's share of the next KB lines (past the panel's end: the next panel) */
+                /* this chunk's share of the next KB lines (past the panel's end: the next panel, read
+                   next in the rows-outer order; panel by panel its next row block finds it in L2) */
                 const int64_t f0 = KB * c / chunks, f1 = KB * (c + 1) / chunks;
                 MK[r1 - r0](x + (mb + r0) * ldx + k0, ldx, p + k0 * 16, kn, k0 > 0,
                             p + (k0 + KB + f0) * 16, f1 - f0, bb, y + (mb + r0) * ldy + nb * 16, ldy);
