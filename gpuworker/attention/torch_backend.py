@@ -345,8 +345,8 @@ class TorchAttentionBackend(AttentionBackend):
         dt = key_cache.dtype
         qn, on, direct = _kernel_io(q, out, dt)
         kern = self._native_kernel
-        kern.sync()  # each thread takes its own (group x max_len) slice of the scores
-        need = (num_heads // num_kv_heads) * nd.max_len * max(1, kern.lib.threads)
+        kern.sync()  # each thread takes its own slice: heads x (max_len scores + 256 accumulators)
+        need = num_heads * (nd.max_len + 256) * max(1, kern.lib.threads)
         if self._scratch is None or self._scratch.numel() < need:
             self._scratch = torch.empty(max(need, 4096), dtype=torch.float32)
         assert key_cache.is_contiguous() and value_cache.is_contiguous()

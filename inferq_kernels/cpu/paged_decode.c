@@ -316,20 +316,27 @@ static inline void dots_bf16(const uint16_t *q, const uint16_t *k, int64_t tok_s
 
 /* Fetch one head's slice of n token rows (a paged block) ahead of use: blocks sit at random
    places and a head's slice is a strided piece of each row, which the hardware prefetchers
-   do not follow; at a few hundred cached tokens the loads from L3/DRAM were most of the time. */
-static inline void prefetch_rows(const void *p, int64_t n, int64_t stride_bytes, int64_t row_bytes, int far) {
+   do not follow; at a few hundred cached tokens the loads from L3/DRAM were most of the time.
+   Into L2 (prefetcht1), not L1: a block's worth of prefetcht0 at once held the L1's few miss
+   buffers and the loop stalled behind them (decode attention on a Zen 4 1.4x faster in fp32,
+   1.9x in bf16 with L2 and the prefetches spread a head at a time). */
+static inline void prefetch_rows(const void *p, int64_t n, int64_t stride_bytes, int64_t row_bytes) {
     const char *c = (const char *)p;
     for (int64_t t = 0; t < n; ++t)
-        for (int64_t b = 0; b < row_bytes; b += 64) {
-            if (far) __builtin_prefetch(c + t * stride_bytes + b, 0, 2);
-            else __builtin_prefetch(c + t * stride_bytes + b, 0, 3);
-        }
+        for (int64_t b = 0; b < row_bytes; b += 64) __builtin_prefetch(c + t * stride_bytes + b, 0, 2);
 }
 
 #define MAX_D 256
 #define MAX_G 16
+#define MAX_HEADS 256 /* query heads (hq) */
 
-/* One (sequence, kv head): G query heads of dimension D over len cached tokens. */
+/* One unit of work: the kv heads [h0, h1) of one sequence, G query heads each, over len cached
+   tokens. A unit walks the sequence's blocks once per pass and, in each block, its heads one
+   after another: with every kv head in one unit (many sequences per thread) that reads each
+   block's token rows front to back, 12 KB contiguous on SmolLM2, where one head at a time read a
+   strided third of every row and came back twice for the rest (the KV reads ran at half the
+   rate one core streams). A head's arithmetic does not depend on the unit: the same results
+   whatever the split. Scratch per thread: hq x len scores, then hq rows of MAX_D accumulators. */
 #define DEFINE_KERNEL(NAME, T, LOAD, STORE)                                                   \
 static inline __attribute__((always_inline)) int NAME##_impl(                                  \
          const T *q, int64_t q_tok_stride, T *out, int64_t out_tok_stride,                     \
@@ -337,87 +344,95 @@ static inline __attribute__((always_inline)) int NAME##_impl(                   
          const int64_t *q_rows, const int64_t *seq_idx, const int64_t *lens, int64_t nseq,   \
          int64_t hq, int64_t hkv, const int64_t d, int64_t bs, float scale, float *scratch0) { \
     const int64_t g_n = hq / hkv;                                                             \
-    if (d > MAX_D || g_n > MAX_G || hq % hkv) return -1;                                      \
+    if (d > MAX_D || g_n > MAX_G || hq > MAX_HEADS || hq % hkv) return -1;                   \
     const int64_t tok_stride = hkv * d; /* cache layout [blocks, bs, hkv, d] */               \
-    /* one thread per (sequence, kv head); each has its own g_n * max(len) scores of scratch */ \
     int64_t max_len = 0;                                                                      \
     for (int64_t s = 0; s < nseq; ++s) max_len = lens[s] > max_len ? lens[s] : max_len;      \
-    const int64_t sstride = g_n * max_len;                                                    \
+    const int64_t sstride = hq * (max_len + MAX_D);                                           \
+    /* whole sequences per unit, or one kv head where the sequences are too few for the threads */ \
+    const int64_t hpu = nseq >= 4 * kernel_nthreads || kernel_nthreads == 1 ? hkv : 1;        \
+    const int64_t per_seq = hkv / hpu;                                                        \
     OMP(omp parallel for schedule(dynamic, 1) num_threads(kernel_nthreads))                  \
-    for (int64_t sh = 0; sh < nseq * hkv; ++sh) {                                             \
-        const int64_t s = sh / hkv, h = sh % hkv;                                             \
-        float qf[MAX_G][MAX_D], acc[MAX_G][MAX_D], kf[MAX_D];                                 \
-        float *scratch = scratch0 + thread_id() * sstride;                                    \
+    for (int64_t unit = 0; unit < nseq * per_seq; ++unit) {                                   \
+        const int64_t s = unit / per_seq, h0 = unit % per_seq * hpu, h1 = h0 + hpu;           \
+        float qf[MAX_G][MAX_D], kf[MAX_D];                                                    \
         const int64_t len = lens[s];                                                          \
+        float *scores = scratch0 + thread_id() * sstride; /* [head h - h0][g][len] */         \
+        float *accs = scores + hq * len;                  /* [head h - h0][g][MAX_D] */        \
         const int32_t *table = tables + seq_idx[s] * table_stride;                            \
         const T *qrow = q + q_rows[s] * q_tok_stride;                                         \
         T *orow = out + q_rows[s] * out_tok_stride;                                           \
-        {                                                                                     \
-            for (int64_t g = 0; g < g_n; ++g) {                                               \
-                const T *qh = qrow + (h * g_n + g) * d;                                       \
-                for (int64_t i = 0; i < d; ++i) qf[g][i] = LOAD(qh[i]) * scale;               \
-            }                                                                                 \
-            /* pass 1: scores[g][t]; the next block's keys and this block's values fetched ahead */ \
-            for (int64_t t0 = 0; t0 < len; t0 += bs) {                                        \
-                const int64_t n = len - t0 < bs ? len - t0 : bs;                              \
-                const int64_t base = ((int64_t)table[t0 / bs] * bs) * tok_stride + h * d;     \
-                if (t0 + bs < len) {                                                          \
-                    const int64_t n2 = len - t0 - bs < bs ? len - t0 - bs : bs;               \
-                    prefetch_rows(kc + ((int64_t)table[t0 / bs + 1] * bs) * tok_stride + h * d, n2, \
-                                  tok_stride * (int64_t)sizeof(T), d * (int64_t)sizeof(T), 0); \
-                }                                                                             \
-                prefetch_rows(vc + base, n, tok_stride * (int64_t)sizeof(T), d * (int64_t)sizeof(T), 1); \
+        /* pass 1: scores; the next block's keys and this block's values fetched ahead */     \
+        for (int64_t t0 = 0; t0 < len; t0 += bs) {                                            \
+            const int64_t n = len - t0 < bs ? len - t0 : bs;                                  \
+            const int64_t blk = ((int64_t)table[t0 / bs] * bs) * tok_stride;                  \
+            const int64_t n2 = len - t0 - bs < bs ? len - t0 - bs : bs; /* tokens of the next block */ \
+            const int64_t next = n2 > 0 ? ((int64_t)table[t0 / bs + 1] * bs) * tok_stride : 0; \
+            for (int64_t h = h0; h < h1; ++h) {                                               \
+                const int64_t base = blk + h * d;                                             \
+                /* fetched a head at a time, between the heads' dots */                     \
+                if (n2 > 0) prefetch_rows(kc + next + h * d, n2, tok_stride * (int64_t)sizeof(T), d * (int64_t)sizeof(T)); \
+                prefetch_rows(vc + base, n, tok_stride * (int64_t)sizeof(T), d * (int64_t)sizeof(T)); \
+                float *sc = scores + (h - h0) * g_n * len;                                    \
                 if (FAST_DOTS(T, d)) {                                                        \
                     dots_bf16((const uint16_t *)qrow + h * g_n * d, (const uint16_t *)(kc + base), \
-                              tok_stride, n, g_n, d, scale, scratch + t0, len);               \
+                              tok_stride, n, g_n, d, scale, sc + t0, len);                    \
                 } else if (FAST_DOTS_F32(T, d)) {                                             \
                     dots_f32((const float *)qrow + h * g_n * d, (const float *)(kc + base),   \
-                             tok_stride, n, g_n, d, scale, scratch + t0, len);                \
+                             tok_stride, n, g_n, d, scale, sc + t0, len);                     \
                 } else {                                                                      \
-                for (int64_t t = 0; t < n; ++t) {                                             \
-                    const T *kr = kc + base + t * tok_stride;                                 \
-                    for (int64_t i = 0; i < d; ++i) kf[i] = LOAD(kr[i]);                      \
                     for (int64_t g = 0; g < g_n; ++g) {                                       \
-                        float dot = 0.0f;                                                     \
-                        for (int64_t i = 0; i < d; ++i) dot += qf[g][i] * kf[i];              \
-                        scratch[g * len + t0 + t] = dot;                                      \
+                        const T *qh = qrow + (h * g_n + g) * d;                               \
+                        for (int64_t i = 0; i < d; ++i) qf[g][i] = LOAD(qh[i]) * scale;       \
+                    }                                                                         \
+                    for (int64_t t = 0; t < n; ++t) {                                         \
+                        const T *kr = kc + base + t * tok_stride;                             \
+                        for (int64_t i = 0; i < d; ++i) kf[i] = LOAD(kr[i]);                  \
+                        for (int64_t g = 0; g < g_n; ++g) {                                   \
+                            float dot = 0.0f;                                                 \
+                            for (int64_t i = 0; i < d; ++i) dot += qf[g][i] * kf[i];          \
+                            sc[g * len + t0 + t] = dot;                                       \
+                        }                                                                     \
                     }                                                                         \
                 }                                                                             \
-                }                                                                             \
             }                                                                                 \
-            /* pass 2: softmax numerators and their sums */                                   \
-            float inv[MAX_G];                                                                 \
-            for (int64_t g = 0; g < g_n; ++g) {                                               \
-                inv[g] = 1.0f / softmax_numerators(scratch + g * len, len);                   \
-                for (int64_t i = 0; i < d; ++i) acc[g][i] = 0.0f;                             \
-            }                                                                                 \
-            /* pass 3: acc[g] += p[g][t] * v[t] */                                            \
-            for (int64_t t0 = 0; t0 < len; t0 += bs) {                                        \
-                const int64_t n = len - t0 < bs ? len - t0 : bs;                              \
-                const int64_t base = ((int64_t)table[t0 / bs] * bs) * tok_stride + h * d;     \
+        }                                                                                     \
+        /* pass 2: softmax numerators and their sums */                                       \
+        float inv[MAX_HEADS];                                                                 \
+        for (int64_t hg = 0; hg < (h1 - h0) * g_n; ++hg) {                                    \
+            inv[hg] = 1.0f / softmax_numerators(scores + hg * len, len);                      \
+            for (int64_t i = 0; i < d; ++i) accs[hg * MAX_D + i] = 0.0f;                      \
+        }                                                                                     \
+        /* pass 3: acc[g] += p[g][t] * v[t]; the next block's values fetched ahead */       \
+        for (int64_t t0 = 0; t0 < len; t0 += bs) {                                            \
+            const int64_t n = len - t0 < bs ? len - t0 : bs;                                  \
+            const int64_t blk = ((int64_t)table[t0 / bs] * bs) * tok_stride;                  \
+            const int64_t n2 = len - t0 - bs < bs ? len - t0 - bs : bs;                       \
+            const int64_t next = n2 > 0 ? ((int64_t)table[t0 / bs + 1] * bs) * tok_stride : 0; \
+            for (int64_t h = h0; h < h1; ++h) {                                               \
+                const int64_t base = blk + h * d;                                             \
+                if (n2 > 0) prefetch_rows(vc + next + h * d, n2, tok_stride * (int64_t)sizeof(T), d * (int64_t)sizeof(T)); \
+                const float *p = scores + (h - h0) * g_n * len;                               \
+                float *acc = accs + (h - h0) * g_n * MAX_D;                                   \
                 if (FAST_PV(T, d)) {                                                          \
-                    pv64((const uint16_t *)(vc + base), tok_stride, n, scratch + t0, len,     \
-                         &acc[0][0], g_n);                                                    \
-                    continue;                                                                 \
-                }                                                                             \
-                if (FAST_PV_F32(T, d)) {                                                      \
-                    pv64f((const float *)(vc + base), tok_stride, n, scratch + t0, len,       \
-                          &acc[0][0], g_n);                                                   \
-                    continue;                                                                 \
-                }                                                                             \
-                for (int64_t t = 0; t < n; ++t) {                                             \
-                    const T *vr = vc + base + t * tok_stride;                                 \
-                    for (int64_t i = 0; i < d; ++i) kf[i] = LOAD(vr[i]);                      \
-                    for (int64_t g = 0; g < g_n; ++g) {                                       \
-                        const float p = scratch[g * len + t0 + t];                            \
-                        for (int64_t i = 0; i < d; ++i) acc[g][i] += p * kf[i];               \
+                    pv64((const uint16_t *)(vc + base), tok_stride, n, p + t0, len, acc, g_n); \
+                } else if (FAST_PV_F32(T, d)) {                                               \
+                    pv64f((const float *)(vc + base), tok_stride, n, p + t0, len, acc, g_n);  \
+                } else {                                                                      \
+                    for (int64_t t = 0; t < n; ++t) {                                         \
+                        const T *vr = vc + base + t * tok_stride;                             \
+                        for (int64_t i = 0; i < d; ++i) kf[i] = LOAD(vr[i]);                  \
+                        for (int64_t g = 0; g < g_n; ++g) {                                   \
+                            const float pg = p[g * len + t0 + t];                             \
+                            for (int64_t i = 0; i < d; ++i) acc[g * MAX_D + i] += pg * kf[i]; \
+                        }                                                                     \
                     }                                                                         \
                 }                                                                             \
             }                                                                                 \
-            for (int64_t g = 0; g < g_n; ++g) {                                               \
-                T *oh = orow + (h * g_n + g) * d;                                             \
-                for (int64_t i = 0; i < d; ++i) oh[i] = STORE(acc[g][i] * inv[g]);            \
-            }                                                                                 \
+        }                                                                                     \
+        for (int64_t hg = 0; hg < (h1 - h0) * g_n; ++hg) {                                    \
+            T *oh = orow + (h0 * g_n + hg) * d;                                               \
+            for (int64_t i = 0; i < d; ++i) oh[i] = STORE(accs[hg * MAX_D + i] * inv[hg]);    \
         }                                                                                     \
     }                                                                                         \
     return 0;                                                                                 \

@@ -71,7 +71,9 @@ def test_rotary(dtype, rows, hq, hk, d):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("lens,hq,hkv,d", [([1], 9, 3, 64), ([5, 40, 17], 4, 2, 128), ([300, 3, 64, 1, 90], 8, 8, 64),
-                                          ([33, 2], 6, 1, 32)])
+                                          ([33, 2], 6, 1, 32),
+                                          # 2 threads x 4 or more sequences: whole sequences per thread
+                                          ([7, 120, 33, 16, 250, 1, 64, 90, 15], 9, 3, 64)])
 def test_paged_decode(dtype, lens, hq, hkv, d):
     bs, nblocks = 16, 64
     kc, vc = torch.randn(nblocks, bs, hkv, d).to(dtype), torch.randn(nblocks, bs, hkv, d).to(dtype)
@@ -85,7 +87,7 @@ def test_paged_decode(dtype, lens, hq, hkv, d):
     def run():
         KERNELS.sync()
         out = torch.zeros_like(q)
-        scratch = torch.empty(hq // hkv * max(lens) * torch.get_num_threads(), dtype=torch.float32)
+        scratch = torch.empty(hq * (max(lens) + 256) * torch.get_num_threads(), dtype=torch.float32)
         rc = fn(q.data_ptr(), q.stride(0), out.data_ptr(), out.stride(0), kc.data_ptr(), vc.data_ptr(),
                 tables.data_ptr(), tables.stride(0), rows.data_ptr(), rows.data_ptr(), lens_t.data_ptr(),
                 len(lens), hq, hkv, d, bs, 0.125, scratch.data_ptr())
