@@ -5,9 +5,11 @@ head, one torch thread, through our kernels (gpuworker/models/cpu_linear.py), on
 prepacked weights (what vLLM runs on a CPU) and F.linear; in float32 also MKL reading our
 panels as a batch of matrices (what PackedWeight runs past the kernel's max_rows on Intel
 and AVX2). Then a tied embedding's lookup: F.embedding against rows gathered from the LM
-head's panels. Medians of 5 passes.
+head's panels. Medians of 5 passes. --shapes llama-1b: Llama-3.2-1B's projections instead
+(4 layers of them, ~1 GB in fp32: past the L3 as 30 of SmolLM2's are).
 
     python scripts/bench_cpu_matmul.py [--dtype bfloat16|float32] [--rows 1,8,32,64] [--no-lm-head | --embedding]
+                                       [--shapes smollm2|llama-1b]
 """
 import argparse
 import sys
@@ -22,6 +24,11 @@ from gpuworker.engine import host_malloc  # noqa: E402
 from gpuworker.models import cpu_linear  # noqa: E402
 
 SHAPES = {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down": (576, 1536), "lm_head": (49152, 576)}
+SHAPES_BY_MODEL = {  # (shapes, layers)
+    "smollm2": (SHAPES, 30),
+    "llama-1b": ({"qkv": (3072, 2048), "o": (2048, 2048), "gate_up": (16384, 2048), "down": (2048, 8192),
+                  "lm_head": (128256, 2048)}, 4),
+}
 
 
 def main() -> int:
@@ -31,13 +38,15 @@ def main() -> int:
     ap.add_argument("--no-lm-head", action="store_true", help="projections only (a prompt step's LM head "
                     "sees one row per sequence)")
     ap.add_argument("--embedding", action="store_true", help="only the embedding lookup, for --rows tokens")
+    ap.add_argument("--shapes", default="smollm2", choices=sorted(SHAPES_BY_MODEL))
     args = ap.parse_args()
     torch.set_num_threads(1)
     host_malloc.retain_freed_memory()  # as the engine does: outputs reuse freed pages, no page faults timed
     dt = getattr(torch, args.dtype)
     lib = cpu_linear.load()
-    weights = {name: [torch.randn(n, k).to(dt) for _ in range(1 if name == "lm_head" else 30)]
-               for name, (n, k) in SHAPES.items() if not (args.no_lm_head and name == "lm_head")}
+    shapes, layers = SHAPES_BY_MODEL[args.shapes]
+    weights = {name: [torch.randn(n, k).to(dt) for _ in range(1 if name == "lm_head" else layers)]
+               for name, (n, k) in shapes.items() if not (args.no_lm_head and name == "lm_head")}
     gb = sum(w.numel() * w.element_size() for ws in weights.values() for w in ws) / 1e9
     systems = {"F.linear": lambda x, w: F.linear(x, w)}
     packs = {}
@@ -54,7 +63,7 @@ def main() -> int:
     print("| rows | " + " | ".join(systems) + " |")
     print("| ---: |" + " ---: |" * len(systems))
     for rows in (int(r) for r in args.rows.split(",") if not args.embedding):
-        xs = {k: torch.randn(rows, k).to(dt) for k in {k for _, k in SHAPES.values()}}
+        xs = {k: torch.randn(rows, k).to(dt) for k in {k for _, k in shapes.values()}}
         cells = []
         for fn in systems.values():
             s = median_s(lambda: [fn(xs[w.shape[1]], w) for ws in weights.values() for w in ws])

@@ -132,6 +132,40 @@ def test_bfloat16_dot_product_kernel_takes_any_batch_and_even_k(lib, monkeypatch
     assert not cpu_linear.can_pack(lib, torch.randn(64, 51).to(torch.bfloat16))  # odd K: no k pairs
 
 
+def test_bfloat16_wide_k_packs_x_with_the_same_results(lib, monkeypatch):
+    """Past k = 1,170 (a 14-row chunk of x larger than L1) the AVX512-BF16 kernel packs x's k
+    pairs chunk by chunk before the panels run: bit-identical to the kernel reading x's rows
+    (``dp_linear_bf16_rows``), for a strided x, any batch (whole and partial 14-row chunks), a
+    bias, and at 2 threads; every row equal to that row alone."""
+    if not cpu_kernels.cpu_has("avx512f", "avx512_bf16"):
+        pytest.skip("this CPU lacks AVX512-BF16: the vdpbf16ps instruction cannot run here")
+    monkeypatch.setattr(lib, "bf16", "avx512_bf16")
+    rows_fn = lib.dp_linear_bf16_rows
+    rows_fn.argtypes, rows_fn.restype = lib.dp_linear_bf16.argtypes, lib.dp_linear_bf16.restype
+    g = torch.Generator().manual_seed(17)
+    k = 2048
+    w = torch.randn(96, k, generator=g).to(torch.bfloat16)
+    b = torch.randn(96, generator=g).to(torch.bfloat16)
+    packed = cpu_linear.PackedWeight(lib, w)
+    wide = torch.randn(45, k + 64, generator=g).to(torch.bfloat16)
+    alone = torch.cat([packed(wide[i:i + 1, 32:32 + k], b) for i in range(45)])
+    for rows in (1, 13, 14, 15, 29, 45):
+        x = wide[:rows, 32:32 + k]  # row stride k + 64
+        got = packed(x, b)
+        want = torch.empty(rows, 96, dtype=torch.bfloat16)
+        assert rows_fn(x.data_ptr(), x.stride(0), rows, packed.packed.data_ptr(), 96, k, b.data_ptr(),
+                       want.data_ptr(), 96) == 0
+        assert torch.equal(got, want), rows
+        assert torch.equal(got, alone[:rows]), rows
+    torch.set_num_threads(2)
+    try:
+        assert torch.equal(packed(wide[:, 32:32 + k], b), alone)
+    finally:
+        torch.set_num_threads(1)
+    ref = F.linear(wide[:, 32:32 + k].float(), w.float(), b.float())
+    assert (alone.float() - ref).abs().max() <= ref.abs().max() * 2**-6
+
+
 def test_past_max_rows_the_panels_still_serve(lib):
     """The packed weight is the only copy: past the kernel's max_rows (float32 on Intel and
     AVX2: prompt chunks) MKL reads the panels as a batch of matrices; a bf16 weight runs
