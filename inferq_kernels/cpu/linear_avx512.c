@@ -343,37 +343,62 @@ typedef void (*mk2_fn)(const float *, int64_t, const float *, const float *, int
                        const float *, float *, int64_t);
 static const mk2_fn MK2[7] = {0, mk2_1, mk2_2, mk2_3, mk2_4, mk2_5, mk2_6};
 
+/* One (row block, panel pair) tile over k in [ks, ke) (whole KB blocks; y += where ks > 0) */
+static inline void f32_tile(const float *x, int64_t ldx, int64_t mb, int64_t me, const float *wp, int64_t np,
+                            int64_t k, int64_t ks, int64_t ke, const float *bias, float *y, int64_t ldy) {
+    const float *p0 = wp + 2 * np * k * 32, *p1 = p0 + k * 32;
+    for (int64_t k0 = ks; k0 < ke; k0 += KB) {
+        const int64_t k1 = k - k0 < KB ? k : k0 + KB;
+        const float *bb = bias && k1 == k ? bias + np * 64 : 0;
+        const int64_t chunks = (me - mb + 5) / 6;
+        for (int64_t c = 0; c < chunks; ++c) {
+            const int64_t m0 = mb + 6 * c;
+            const int mr = me - m0 < 6 ? (int)(me - m0) : 6;
+            /* the chunks share the fetching of the next k block: rows [c, c+1) * KB / chunks */
+            const int64_t f0 = (c * KB + chunks - 1) / chunks, f1 = ((c + 1) * KB + chunks - 1) / chunks;
+            MK2[mr](x + m0 * ldx + k0, ldx, p0 + k0 * 32, p1 + k0 * 32, k1 - k0, k0 > 0, f0, f1 - f0, bb,
+                    y + m0 * ldy + np * 64, ldy);
+        }
+    }
+}
+
 /* Blocked as a GEMM: rows in blocks whose activations stay in L2 (a prompt step's x, 2,048 x
    576 floats = 4.7 MB, read again from L3 for every panel pair made the time swing 1.5x with
    what the L3's other tenants did), and for each panel pair one k block (64 x 64 floats,
    16 KB) at a time, which every 6-row chunk of the row block then reads from L1. Threads split
    the (row block, panel pair) units: panel pairs, and row blocks where the pairs alone are too
-   few for the threads (a 576-wide projection has 9 pairs). */
+   few for the threads (a 576-wide projection has 9 pairs).
+   Past k = 2,048 a row block of whole rows would be under 48 rows (12 at Llama-3.2-1B's k =
+   8,192, which then streamed its 64 MB down projection from DRAM once per 12 rows): there k
+   runs in slices of KC inside each row block of 192 rows, the slice's activations in L2 for
+   every panel pair and the weights streamed once per row block (that down projection 1.15-1.3x
+   faster at 32-2,048 rows on a Zen 4; at k = 2,048 the whole-k order was 1.05x faster still).
+   Threads split the pairs of each slice, so this order needs as many pairs as threads. Each
+   output still sums its KB blocks in k order: the same results. */
+#define KC 512
 int f32_linear(const float *x, int64_t ldx, int64_t m, const float *wp, int64_t n, int64_t k,
                const float *bias, float *y, int64_t ldy) {
     if (m <= NARROW_ROWS || n % 32) return f32_linear_narrow(x, ldx, m, wp, n, k, bias, y, ldy);
     const int64_t pairs = n / 64;
-    const int64_t mc = row_block(m, X_BLOCK_BYTES / (k * (int64_t)sizeof(float)), pairs, 6);
-    const int64_t blocks = (m + mc - 1) / mc;
-    OMP(omp parallel for collapse(2) schedule(static) num_threads(kernel_nthreads))
-    for (int64_t rb = 0; rb < blocks; ++rb)
-        for (int64_t np = 0; np < pairs; ++np) {
-            const int64_t mb = rb * mc, me = m - mb < mc ? m : mb + mc;
-            const float *p0 = wp + 2 * np * k * 32, *p1 = p0 + k * 32;
-            for (int64_t k0 = 0; k0 < k; k0 += KB) {
-                const int64_t k1 = k - k0 < KB ? k : k0 + KB;
-                const float *bb = bias && k1 == k ? bias + np * 64 : 0;
-                const int64_t chunks = (me - mb + 5) / 6;
-                for (int64_t c = 0; c < chunks; ++c) {
-                    const int64_t m0 = mb + 6 * c;
-                    const int mr = me - m0 < 6 ? (int)(me - m0) : 6;
-                    /* the chunks share the fetching of the next k block: rows [c, c+1) * KB / chunks */
-                    const int64_t f0 = (c * KB + chunks - 1) / chunks, f1 = ((c + 1) * KB + chunks - 1) / chunks;
-                    MK2[mr](x + m0 * ldx + k0, ldx, p0 + k0 * 32, p1 + k0 * 32, k1 - k0, k0 > 0, f0, f1 - f0, bb,
-                            y + m0 * ldy + np * 64, ldy);
-                }
+    if (X_BLOCK_BYTES / (k * (int64_t)sizeof(float)) < 48 && pairs >= kernel_nthreads) {
+        const int64_t mc = X_BLOCK_BYTES / (KC * (int64_t)sizeof(float)) / 6 * 6;
+        OMP(omp parallel num_threads(kernel_nthreads))
+        for (int64_t mb = 0; mb < m; mb += mc)
+            for (int64_t ks = 0; ks < k; ks += KC) {
+                /* the same pairs to the same threads for every slice (static): no race on y */
+                OMP(omp for schedule(static))
+                for (int64_t np = 0; np < pairs; ++np)
+                    f32_tile(x, ldx, mb, m - mb < mc ? m : mb + mc, wp, np, k, ks, k - ks < KC ? k : ks + KC,
+                             bias, y, ldy);
             }
-        }
+    } else {
+        const int64_t mc = row_block(m, X_BLOCK_BYTES / (k * (int64_t)sizeof(float)), pairs, 6);
+        const int64_t blocks = (m + mc - 1) / mc;
+        OMP(omp parallel for collapse(2) schedule(static) num_threads(kernel_nthreads))
+        for (int64_t rb = 0; rb < blocks; ++rb)
+            for (int64_t np = 0; np < pairs; ++np)
+                f32_tile(x, ldx, rb * mc, m - rb * mc < mc ? m : rb * mc + mc, wp, np, k, 0, k, bias, y, ldy);
+    }
     if (n % 64)  /* an odd last panel */
         return f32_linear_narrow(x, ldx, m, wp + (n - 32) * k, 32, k, bias ? bias + n - 32 : 0, y + n - 32, ldy);
     return 0;

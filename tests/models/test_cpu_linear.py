@@ -112,6 +112,28 @@ def test_float32_weight_larger_than_l3_is_walked_panel_by_panel(lib):
     assert (alone.double() - exact).abs().max().item() <= max(4 * ref_err, 1e-4)
 
 
+def test_float32_wide_k_runs_in_slices_with_the_same_results(lib):
+    """Past k = 2,048 the AVX-512 kernel walks k in 512-long slices inside 192-row blocks
+    (Llama's down projection): every row still equals that row alone (the 14 x 32 kernel), at 1
+    and 2 threads, with a partial last slice and k block (k = 2,600) and two row blocks; and
+    F.linear within fp32 rounding."""
+    g = torch.Generator().manual_seed(19)
+    w, b = torch.randn(128, 2600, generator=g), torch.randn(128, generator=g)
+    packed = cpu_linear.PackedWeight(lib, w)
+    x = torch.randn(min(230, packed.max_rows), 2600, generator=g)
+    alone = torch.cat([packed(x[i:i + 1], b) for i in range(x.shape[0])])
+    for rows in (15, 100, x.shape[0]):
+        assert torch.equal(packed(x[:rows], b), alone[:rows]), rows
+    torch.set_num_threads(2)
+    try:
+        assert torch.equal(packed(x, b), alone)
+    finally:
+        torch.set_num_threads(1)
+    exact = F.linear(x.double(), w.double(), b.double())
+    ref_err = (F.linear(x, w, b).double() - exact).abs().max().item()
+    assert (alone.double() - exact).abs().max().item() <= max(4 * ref_err, 1e-4)
+
+
 def test_bfloat16_dot_product_kernel_takes_any_batch_and_even_k(lib, monkeypatch):
     """The AVX512-BF16 kernel (chosen on CPUs without AMX; tested on AMX ones too) runs
     prompt-sized steps, and any even K."""
