@@ -92,6 +92,19 @@ def test_float32_row_results_do_not_depend_on_the_batch(lib):
         assert torch.equal(packed(x[:rows], b), alone[:rows]), rows
 
 
+def _same_at_2_threads_and_within_fp32_rounding(packed, w, b, x, alone):
+    """``packed(x, b)`` at 2 threads equals ``alone`` (each row computed alone at 1 thread), and
+    ``alone`` is as close to the exact result as F.linear's fp32 rounding allows (4x margin)."""
+    torch.set_num_threads(2)
+    try:
+        assert torch.equal(packed(x, b), alone)
+    finally:
+        torch.set_num_threads(1)
+    exact = F.linear(x.double(), w.double(), b.double())
+    ref_err = (F.linear(x, w, b).double() - exact).abs().max().item()
+    assert (alone.double() - exact).abs().max().item() <= max(4 * ref_err, 1e-4)
+
+
 def test_float32_weight_larger_than_l3_is_walked_panel_by_panel(lib):
     """A weight past 8 MB (the AVX2 kernel walks it panel by panel, each panel's row blocks in
     turn, instead of row block by row block): every row still equals that row alone, at 1 and 2
@@ -102,14 +115,7 @@ def test_float32_weight_larger_than_l3_is_walked_panel_by_panel(lib):
     x = torch.randn(100, 1088, generator=g)  # 30-row blocks at k = 1,088 on AVX2
     alone = torch.cat([packed(x[i:i + 1], b) for i in range(x.shape[0])])
     assert torch.equal(packed(x, b), alone)
-    torch.set_num_threads(2)
-    try:
-        assert torch.equal(packed(x, b), alone)
-    finally:
-        torch.set_num_threads(1)
-    exact = F.linear(x.double(), w.double(), b.double())
-    ref_err = (F.linear(x, w, b).double() - exact).abs().max().item()
-    assert (alone.double() - exact).abs().max().item() <= max(4 * ref_err, 1e-4)
+    _same_at_2_threads_and_within_fp32_rounding(packed, w, b, x, alone)
 
 
 def test_float32_wide_k_runs_in_slices_with_the_same_results(lib):
@@ -124,14 +130,7 @@ def test_float32_wide_k_runs_in_slices_with_the_same_results(lib):
     alone = torch.cat([packed(x[i:i + 1], b) for i in range(x.shape[0])])
     for rows in (15, 100, x.shape[0]):
         assert torch.equal(packed(x[:rows], b), alone[:rows]), rows
-    torch.set_num_threads(2)
-    try:
-        assert torch.equal(packed(x, b), alone)
-    finally:
-        torch.set_num_threads(1)
-    exact = F.linear(x.double(), w.double(), b.double())
-    ref_err = (F.linear(x, w, b).double() - exact).abs().max().item()
-    assert (alone.double() - exact).abs().max().item() <= max(4 * ref_err, 1e-4)
+    _same_at_2_threads_and_within_fp32_rounding(packed, w, b, x, alone)
 
 
 def test_bfloat16_dot_product_kernel_takes_any_batch_and_even_k(lib, monkeypatch):
