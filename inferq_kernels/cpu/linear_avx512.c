@@ -276,8 +276,8 @@ static void mk_##MR(const float *x, int64_t ldx, const float *b, int64_t k, int 
         __m512 a0[MR], a1[MR];                                                                   \
         UNROLLED for (int r = 0; r < MR; ++r) { a0[r] = _mm512_setzero_ps(); a1[r] = _mm512_setzero_ps(); } \
         for (int64_t kk = k0; kk < k1; ++kk) {                                                   \
-            if (first) _mm_prefetch((const char *)(b + (kk + PF_K) * 32), PF_HINT),          \
-                       _mm_prefetch((const char *)(b + (kk + PF_K) * 32 + 16), PF_HINT);     \
+            if (first) _mm_prefetch((const char *)(b + (kk + PF_K) * 32), PF_HINT),              \
+                       _mm_prefetch((const char *)(b + (kk + PF_K) * 32 + 16), PF_HINT);         \
             const __m512 w0 = _mm512_loadu_ps(b + kk * 32), w1 = _mm512_loadu_ps(b + kk * 32 + 16); \
             UNROLLED for (int r = 0; r < MR; ++r) {                                              \
                 const __m512 xb = _mm512_set1_ps(x[r * ldx + kk]);                               \
@@ -318,10 +318,10 @@ static void mk2_##MR(const float *x, int64_t ldx, const float *p0, const float *
     for (int64_t kk = 0; kk < kn; ++kk) {                                                        \
         if (kk < npf) { /* this chunk's share of the next k block (past a panel's end: the next panel) */ \
             const int64_t f = (KB + pf0 + kk) * 32;                                              \
-            _mm_prefetch((const char *)(p0 + f), PF_HINT);                                   \
-            _mm_prefetch((const char *)(p0 + f + 16), PF_HINT);                              \
-            _mm_prefetch((const char *)(p1 + f), PF_HINT);                                   \
-            _mm_prefetch((const char *)(p1 + f + 16), PF_HINT);                              \
+            _mm_prefetch((const char *)(p0 + f), PF_HINT);                                       \
+            _mm_prefetch((const char *)(p0 + f + 16), PF_HINT);                                  \
+            _mm_prefetch((const char *)(p1 + f), PF_HINT);                                       \
+            _mm_prefetch((const char *)(p1 + f + 16), PF_HINT);                                  \
         }                                                                                        \
         const __m512 w0 = _mm512_loadu_ps(p0 + kk * 32), w1 = _mm512_loadu_ps(p0 + kk * 32 + 16); \
         const __m512 w2 = _mm512_loadu_ps(p1 + kk * 32), w3 = _mm512_loadu_ps(p1 + kk * 32 + 16); \
