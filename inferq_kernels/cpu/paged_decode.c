@@ -14,6 +14,9 @@
 #define HAVE_DPBF16 0
 #endif
 
+/* loops over a block's 16 tokens unrolled by hand (their accumulators stay in registers) */
+#define UNROLLED _Pragma("GCC unroll 16")
+
 typedef union { uint32_t u; float f; } fbits;
 
 static inline float bf2f(uint16_t x) { fbits v; v.u = ((uint32_t)x) << 16; return v.f; }
@@ -100,22 +103,24 @@ static inline float softmax_numerators(float *sc, int64_t len) {
 }
 /* q.k for the n (<= 16) tokens of one block and g_n query heads: 16 tokens' dot products as 16
    vectors, summed across lanes at once (no horizontal sum per token):
-   scores[g * len + t] = scale * (q_g . k_t). FMA(acc, q, k) adds STEP values' products. */
+   scores[g * len + t] = scale * (q_g . k_t). FMA(acc, q, k) adds STEP values' products. The 16
+   tokens' sums advance side by side, STEP values at a time: one token's chain of d / STEP
+   dependent FMAs at a time left the core waiting on each FMA's latency (decode attention on a
+   Zen 4 ~1.4x faster in the caches). Past a partial block's n tokens the lanes re-read token
+   n - 1 (in bounds; never stored). */
 #define DEFINE_DOTS(NAME, T, STEP, FMA)                                                          \
-static inline void NAME(const T *q, const T *k, int64_t tok_stride, int64_t n,                   \
-                        int64_t g_n, int64_t d, float scale, float *scores, int64_t len) {      \
-    __m512 acc[16];                                                                              \
+static inline __attribute__((always_inline)) void NAME(                                         \
+        const T *q, const T *k, int64_t tok_stride, int64_t n, int64_t g_n, const int64_t d,    \
+        float scale, float *scores, int64_t len) {                                               \
+    const T *kr[16];                                                                             \
+    UNROLLED for (int t = 0; t < 16; ++t) kr[t] = k + (t < n ? t : n - 1) * tok_stride;         \
     const __m512 vscale = _mm512_set1_ps(scale);                                                 \
     for (int64_t g = 0; g < g_n; ++g) {                                                          \
         const T *qg = q + g * d;                                                                 \
-        for (int64_t t = 0; t < 16; ++t) {                                                       \
-            __m512 a = _mm512_setzero_ps();                                                      \
-            if (t < n) {                                                                         \
-                const T *kr = k + t * tok_stride;                                                \
-                for (int64_t j = 0; j < d; j += STEP) a = FMA(a, qg + j, kr + j);                \
-            }                                                                                    \
-            acc[t] = a;                                                                          \
-        }                                                                                        \
+        __m512 acc[16];                                                                          \
+        UNROLLED for (int t = 0; t < 16; ++t) acc[t] = _mm512_setzero_ps();                      \
+        for (int64_t j = 0; j < d; j += STEP)                                                    \
+            UNROLLED for (int t = 0; t < 16; ++t) acc[t] = FMA(acc[t], qg + j, kr[t] + j);       \
         const __m512 s = _mm512_mul_ps(sum16(acc), vscale);                                      \
         _mm512_mask_storeu_ps(scores + g * len, (__mmask16)((1u << n) - 1u), s);                 \
     }                                                                                            \
@@ -336,16 +341,97 @@ static inline void prefetch_rows(const void *p, int64_t n, int64_t stride_bytes,
    block's token rows front to back, 12 KB contiguous on SmolLM2, where one head at a time read a
    strided third of every row and came back twice for the rest (the KV reads ran at half the
    rate one core streams). A head's arithmetic does not depend on the unit: the same results
-   whatever the split. Scratch per thread: hq x len scores, then hq rows of MAX_D accumulators. */
+   whatever the split. Scratch per thread: hq x len scores, then hq rows of MAX_D accumulators.
+   The unit is its own always-inline function, called with a literal head size inside the
+   parallel loop: gcc outlines an OpenMP loop's body before it inlines, so a head size fixed
+   outside the loop reached the body as a variable and its loops ran unrolled by nothing. */
 #define DEFINE_KERNEL(NAME, T, LOAD, STORE)                                                   \
-static inline __attribute__((always_inline)) int NAME##_impl(                                  \
-         const T *q, int64_t q_tok_stride, T *out, int64_t out_tok_stride,                     \
+static inline __attribute__((always_inline)) void NAME##_unit(                                 \
+         const T *qrow, T *orow, const T *kc, const T *vc, const int32_t *table,             \
+         const int64_t len, const int64_t h0, const int64_t h1, const int64_t hkv,           \
+         const int64_t g_n, const int64_t d, const int64_t bs, const float scale, float *scores) { \
+    float qf[MAX_G][MAX_D], kf[MAX_D];                                                        \
+    const int64_t tok_stride = hkv * d; /* cache layout [blocks, bs, hkv, d] */               \
+    float *accs = scores + hkv * g_n * len; /* [head h - h0][g][MAX_D] */                     \
+    /* pass 1: scores; the next block's keys and this block's values fetched ahead */         \
+    for (int64_t t0 = 0; t0 < len; t0 += bs) {                                                \
+        const int64_t n = len - t0 < bs ? len - t0 : bs;                                      \
+        const int64_t blk = ((int64_t)table[t0 / bs] * bs) * tok_stride;                      \
+        const int64_t n2 = len - t0 - bs < bs ? len - t0 - bs : bs; /* tokens of the next block */ \
+        const int64_t next = n2 > 0 ? ((int64_t)table[t0 / bs + 1] * bs) * tok_stride : 0;   \
+        for (int64_t h = h0; h < h1; ++h) {                                                   \
+            const int64_t base = blk + h * d;                                                 \
+            /* fetched a head at a time, between the heads' dots */                         \
+            if (n2 > 0) prefetch_rows(kc + next + h * d, n2, tok_stride * (int64_t)sizeof(T), d * (int64_t)sizeof(T)); \
+            prefetch_rows(vc + base, n, tok_stride * (int64_t)sizeof(T), d * (int64_t)sizeof(T)); \
+            float *sc = scores + (h - h0) * g_n * len;                                        \
+            if (FAST_DOTS(T, d)) {                                                            \
+                dots_bf16((const uint16_t *)qrow + h * g_n * d, (const uint16_t *)(kc + base), \
+                          tok_stride, n, g_n, d, scale, sc + t0, len);                        \
+            } else if (FAST_DOTS_F32(T, d)) {                                                 \
+                dots_f32((const float *)qrow + h * g_n * d, (const float *)(kc + base),       \
+                         tok_stride, n, g_n, d, scale, sc + t0, len);                         \
+            } else {                                                                          \
+                for (int64_t g = 0; g < g_n; ++g) {                                           \
+                    const T *qh = qrow + (h * g_n + g) * d;                                   \
+                    for (int64_t i = 0; i < d; ++i) qf[g][i] = LOAD(qh[i]) * scale;           \
+                }                                                                             \
+                for (int64_t t = 0; t < n; ++t) {                                             \
+                    const T *kr = kc + base + t * tok_stride;                                 \
+                    for (int64_t i = 0; i < d; ++i) kf[i] = LOAD(kr[i]);                      \
+                    for (int64_t g = 0; g < g_n; ++g) {                                       \
+                        float dot = 0.0f;                                                     \
+                        for (int64_t i = 0; i < d; ++i) dot += qf[g][i] * kf[i];              \
+                        sc[g * len + t0 + t] = dot;                                           \
+                    }                                                                         \
+                }                                                                             \
+            }                                                                                 \
+        }                                                                                     \
+    }                                                                                         \
+    /* pass 2: softmax numerators and their sums */                                           \
+    float inv[MAX_HEADS];                                                                     \
+    for (int64_t hg = 0; hg < (h1 - h0) * g_n; ++hg) {                                        \
+        inv[hg] = 1.0f / softmax_numerators(scores + hg * len, len);                          \
+        for (int64_t i = 0; i < d; ++i) accs[hg * MAX_D + i] = 0.0f;                          \
+    }                                                                                         \
+    /* pass 3: acc[g] += p[g][t] * v[t]; the next block's values fetched ahead */           \
+    for (int64_t t0 = 0; t0 < len; t0 += bs) {                                                \
+        const int64_t n = len - t0 < bs ? len - t0 : bs;                                      \
+        const int64_t blk = ((int64_t)table[t0 / bs] * bs) * tok_stride;                      \
+        const int64_t n2 = len - t0 - bs < bs ? len - t0 - bs : bs;                           \
+        const int64_t next = n2 > 0 ? ((int64_t)table[t0 / bs + 1] * bs) * tok_stride : 0;   \
+        for (int64_t h = h0; h < h1; ++h) {                                                   \
+            const int64_t base = blk + h * d;                                                 \
+            if (n2 > 0) prefetch_rows(vc + next + h * d, n2, tok_stride * (int64_t)sizeof(T), d * (int64_t)sizeof(T)); \
+            const float *p = scores + (h - h0) * g_n * len;                                   \
+            float *acc = accs + (h - h0) * g_n * MAX_D;                                       \
+            if (FAST_PV(T, d)) {                                                              \
+                pv64((const uint16_t *)(vc + base), tok_stride, n, p + t0, len, acc, g_n);    \
+            } else if (FAST_PV_F32(T, d)) {                                                   \
+                pv64f((const float *)(vc + base), tok_stride, n, p + t0, len, acc, g_n);      \
+            } else {                                                                          \
+                for (int64_t t = 0; t < n; ++t) {                                             \
+                    const T *vr = vc + base + t * tok_stride;                                 \
+                    for (int64_t i = 0; i < d; ++i) kf[i] = LOAD(vr[i]);                      \
+                    for (int64_t g = 0; g < g_n; ++g) {                                       \
+                        const float pg = p[g * len + t0 + t];                                 \
+                        for (int64_t i = 0; i < d; ++i) acc[g * MAX_D + i] += pg * kf[i];     \
+                    }                                                                         \
+                }                                                                             \
+            }                                                                                 \
+        }                                                                                     \
+    }                                                                                         \
+    for (int64_t hg = 0; hg < (h1 - h0) * g_n; ++hg) {                                        \
+        T *oh = orow + (h0 * g_n + hg) * d;                                                   \
+        for (int64_t i = 0; i < d; ++i) oh[i] = STORE(accs[hg * MAX_D + i] * inv[hg]);        \
+    }                                                                                         \
+}                                                                                             \
+int NAME(const T *q, int64_t q_tok_stride, T *out, int64_t out_tok_stride,                     \
          const T *kc, const T *vc, const int32_t *tables, int64_t table_stride,              \
          const int64_t *q_rows, const int64_t *seq_idx, const int64_t *lens, int64_t nseq,   \
-         int64_t hq, int64_t hkv, const int64_t d, int64_t bs, float scale, float *scratch0) { \
+         int64_t hq, int64_t hkv, int64_t d, int64_t bs, float scale, float *scratch0) {     \
     const int64_t g_n = hq / hkv;                                                             \
     if (d > MAX_D || g_n > MAX_G || hq > MAX_HEADS || hq % hkv) return -1;                   \
-    const int64_t tok_stride = hkv * d; /* cache layout [blocks, bs, hkv, d] */               \
     int64_t max_len = 0;                                                                      \
     for (int64_t s = 0; s < nseq; ++s) max_len = lens[s] > max_len ? lens[s] : max_len;      \
     const int64_t sstride = hq * (max_len + MAX_D);                                           \
@@ -354,102 +440,19 @@ static inline __attribute__((always_inline)) int NAME##_impl(                   
     const int64_t per_seq = hkv / hpu;                                                        \
     OMP(omp parallel for schedule(dynamic, 1) num_threads(kernel_nthreads))                  \
     for (int64_t unit = 0; unit < nseq * per_seq; ++unit) {                                   \
-        const int64_t s = unit / per_seq, h0 = unit % per_seq * hpu, h1 = h0 + hpu;           \
-        float qf[MAX_G][MAX_D], kf[MAX_D];                                                    \
-        const int64_t len = lens[s];                                                          \
-        float *scores = scratch0 + thread_id() * sstride; /* [head h - h0][g][len] */         \
-        float *accs = scores + hq * len;                  /* [head h - h0][g][MAX_D] */        \
-        const int32_t *table = tables + seq_idx[s] * table_stride;                            \
+        const int64_t s = unit / per_seq, h0 = unit % per_seq * hpu;                          \
         const T *qrow = q + q_rows[s] * q_tok_stride;                                         \
         T *orow = out + q_rows[s] * out_tok_stride;                                           \
-        /* pass 1: scores; the next block's keys and this block's values fetched ahead */     \
-        for (int64_t t0 = 0; t0 < len; t0 += bs) {                                            \
-            const int64_t n = len - t0 < bs ? len - t0 : bs;                                  \
-            const int64_t blk = ((int64_t)table[t0 / bs] * bs) * tok_stride;                  \
-            const int64_t n2 = len - t0 - bs < bs ? len - t0 - bs : bs; /* tokens of the next block */ \
-            const int64_t next = n2 > 0 ? ((int64_t)table[t0 / bs + 1] * bs) * tok_stride : 0; \
-            for (int64_t h = h0; h < h1; ++h) {                                               \
-                const int64_t base = blk + h * d;                                             \
-                /* fetched a head at a time, between the heads' dots */                     \
-                if (n2 > 0) prefetch_rows(kc + next + h * d, n2, tok_stride * (int64_t)sizeof(T), d * (int64_t)sizeof(T)); \
-                prefetch_rows(vc + base, n, tok_stride * (int64_t)sizeof(T), d * (int64_t)sizeof(T)); \
-                float *sc = scores + (h - h0) * g_n * len;                                    \
-                if (FAST_DOTS(T, d)) {                                                        \
-                    dots_bf16((const uint16_t *)qrow + h * g_n * d, (const uint16_t *)(kc + base), \
-                              tok_stride, n, g_n, d, scale, sc + t0, len);                    \
-                } else if (FAST_DOTS_F32(T, d)) {                                             \
-                    dots_f32((const float *)qrow + h * g_n * d, (const float *)(kc + base),   \
-                             tok_stride, n, g_n, d, scale, sc + t0, len);                     \
-                } else {                                                                      \
-                    for (int64_t g = 0; g < g_n; ++g) {                                       \
-                        const T *qh = qrow + (h * g_n + g) * d;                               \
-                        for (int64_t i = 0; i < d; ++i) qf[g][i] = LOAD(qh[i]) * scale;       \
-                    }                                                                         \
-                    for (int64_t t = 0; t < n; ++t) {                                         \
-                        const T *kr = kc + base + t * tok_stride;                             \
-                        for (int64_t i = 0; i < d; ++i) kf[i] = LOAD(kr[i]);                  \
-                        for (int64_t g = 0; g < g_n; ++g) {                                   \
-                            float dot = 0.0f;                                                 \
-                            for (int64_t i = 0; i < d; ++i) dot += qf[g][i] * kf[i];          \
-                            sc[g * len + t0 + t] = dot;                                       \
-                        }                                                                     \
-                    }                                                                         \
-                }                                                                             \
-            }                                                                                 \
-        }                                                                                     \
-        /* pass 2: softmax numerators and their sums */                                       \
-        float inv[MAX_HEADS];                                                                 \
-        for (int64_t hg = 0; hg < (h1 - h0) * g_n; ++hg) {                                    \
-            inv[hg] = 1.0f / softmax_numerators(scores + hg * len, len);                      \
-            for (int64_t i = 0; i < d; ++i) accs[hg * MAX_D + i] = 0.0f;                      \
-        }                                                                                     \
-        /* pass 3: acc[g] += p[g][t] * v[t]; the next block's values fetched ahead */       \
-        for (int64_t t0 = 0; t0 < len; t0 += bs) {                                            \
-            const int64_t n = len - t0 < bs ? len - t0 : bs;                                  \
-            const int64_t blk = ((int64_t)table[t0 / bs] * bs) * tok_stride;                  \
-            const int64_t n2 = len - t0 - bs < bs ? len - t0 - bs : bs;                       \
-            const int64_t next = n2 > 0 ? ((int64_t)table[t0 / bs + 1] * bs) * tok_stride : 0; \
-            for (int64_t h = h0; h < h1; ++h) {                                               \
-                const int64_t base = blk + h * d;                                             \
-                if (n2 > 0) prefetch_rows(vc + next + h * d, n2, tok_stride * (int64_t)sizeof(T), d * (int64_t)sizeof(T)); \
-                const float *p = scores + (h - h0) * g_n * len;                               \
-                float *acc = accs + (h - h0) * g_n * MAX_D;                                   \
-                if (FAST_PV(T, d)) {                                                          \
-                    pv64((const uint16_t *)(vc + base), tok_stride, n, p + t0, len, acc, g_n); \
-                } else if (FAST_PV_F32(T, d)) {                                               \
-                    pv64f((const float *)(vc + base), tok_stride, n, p + t0, len, acc, g_n);  \
-                } else {                                                                      \
-                    for (int64_t t = 0; t < n; ++t) {                                         \
-                        const T *vr = vc + base + t * tok_stride;                             \
-                        for (int64_t i = 0; i < d; ++i) kf[i] = LOAD(vr[i]);                  \
-                        for (int64_t g = 0; g < g_n; ++g) {                                   \
-                            const float pg = p[g * len + t0 + t];                             \
-                            for (int64_t i = 0; i < d; ++i) acc[g * MAX_D + i] += pg * kf[i]; \
-                        }                                                                     \
-                    }                                                                         \
-                }                                                                             \
-            }                                                                                 \
-        }                                                                                     \
-        for (int64_t hg = 0; hg < (h1 - h0) * g_n; ++hg) {                                    \
-            T *oh = orow + (h0 * g_n + hg) * d;                                               \
-            for (int64_t i = 0; i < d; ++i) oh[i] = STORE(accs[hg * MAX_D + i] * inv[hg]);    \
-        }                                                                                     \
+        const int32_t *table = tables + seq_idx[s] * table_stride;                            \
+        float *scores = scratch0 + thread_id() * sstride; /* [head h - h0][g][len] */         \
+        if (d == 64) /* head sizes 64 and 128: loops of a known trip count (fully vectorised) */ \
+            NAME##_unit(qrow, orow, kc, vc, table, lens[s], h0, h0 + hpu, hkv, g_n, 64, bs, scale, scores); \
+        else if (d == 128)                                                                    \
+            NAME##_unit(qrow, orow, kc, vc, table, lens[s], h0, h0 + hpu, hkv, g_n, 128, bs, scale, scores); \
+        else                                                                                  \
+            NAME##_unit(qrow, orow, kc, vc, table, lens[s], h0, h0 + hpu, hkv, g_n, d, bs, scale, scores); \
     }                                                                                         \
     return 0;                                                                                 \
-}                                                                                             \
-/* head sizes 64 and 128 get loops of a known trip count (fully vectorised) */               \
-int NAME(const T *q, int64_t q_tok_stride, T *out, int64_t out_tok_stride,                     \
-         const T *kc, const T *vc, const int32_t *tables, int64_t table_stride,              \
-         const int64_t *q_rows, const int64_t *seq_idx, const int64_t *lens, int64_t nseq,   \
-         int64_t hq, int64_t hkv, int64_t d, int64_t bs, float scale, float *scratch) {      \
-    if (d == 64)                                                                              \
-        return NAME##_impl(q, q_tok_stride, out, out_tok_stride, kc, vc, tables, table_stride, \
-                           q_rows, seq_idx, lens, nseq, hq, hkv, 64, bs, scale, scratch);    \
-    if (d == 128)                                                                             \
-        return NAME##_impl(q, q_tok_stride, out, out_tok_stride, kc, vc, tables, table_stride, \
-                           q_rows, seq_idx, lens, nseq, hq, hkv, 128, bs, scale, scratch);   \
-    return NAME##_impl(q, q_tok_stride, out, out_tok_stride, kc, vc, tables, table_stride,   \
-                       q_rows, seq_idx, lens, nseq, hq, hkv, d, bs, scale, scratch);         \
 }
 
 #define ID(x) (x)
