@@ -126,6 +126,16 @@ def declare(lib: ctypes.CDLL, isa: str) -> None:
         getattr(lib, name).argtypes = [p, i, i, p] if "pack" in name else [p, i, i, p, i, i, p, p, i]
         getattr(lib, name).restype = ctypes.c_int
     lib.isa = isa
+    # The gate/up matmul with SiLU-and-mul fused (PackedGateUp), by dtype: (fused, silu_pairs);
+    # built where the compiler has AVX-512 BW and VL (vec_math.h).
+    lib.silu_fused = {}
+    if isa == "avx512" and hasattr(lib, "f32_linear_silu"):
+        for dt, fused, pairs in ((torch.float32, "f32_linear_silu", "f32_silu_pairs"),
+                                 (torch.bfloat16, "dp_linear_bf16_silu", "bf16_silu_pairs")):
+            f, g = getattr(lib, fused), getattr(lib, pairs)
+            f.argtypes, g.argtypes = [p, i, i, p, i, i, p, i], [p, i, i, i, p, i]
+            f.restype = g.restype = ctypes.c_int
+            lib.silu_fused[dt] = (f, g)
 
 
 def can_pack(lib: ctypes.CDLL, weight: torch.Tensor) -> bool:
@@ -222,3 +232,62 @@ class PackedWeight:
     def unpacked(self) -> torch.Tensor:
         """The plain ``[n, k]`` weight (a new tensor: for tests and checks, not the hot path)."""
         return self.rows(torch.arange(self.n))
+
+
+def can_fuse_gate_up(lib: ctypes.CDLL, weight: torch.Tensor) -> bool:
+    """Whether the MLP's gate|up weight ``[2I, k]`` can be a PackedGateUp here: the AVX-512
+    fp32 kernel or the AVX512-BF16 one (not AMX), I a multiple of 32."""
+    if not can_pack(lib, weight) or weight.dtype not in getattr(lib, "silu_fused", {}) or weight.shape[0] % 64:
+        return False
+    return weight.dtype == torch.float32 or lib.bf16 == "avx512_bf16"
+
+
+class PackedGateUp(PackedWeight):
+    """The MLP's fused gate|up weight ``[2I, k]`` (gate rows first), packed with the gate and
+    up panels interleaved (32 gate columns, then the same 32 of up), so that ``silu_mul(x)``,
+    ``F.silu(x @ gate^T) * (x @ up^T)``, is one kernel that never writes the ``[m, 2I]``
+    gate/up output (inferq_kernels/cpu/linear_avx512.c, ``*_linear_*silu``): the same bits as
+    the matmul followed by the SiLU-and-mul kernel. A plain call, ``rows`` and ``unpacked``
+    keep the weight's own column order."""
+
+    def __init__(self, lib: ctypes.CDLL, weight: torch.Tensor) -> None:
+        if not can_fuse_gate_up(lib, weight):
+            raise ValueError(f"no fused gate/up kernel for a {weight.dtype} weight of shape {tuple(weight.shape)}")
+        n = weight.shape[0]
+        self.inter = n // 2
+        # packed row p holds weight row order[p]: [gate 0:32, up 0:32, gate 32:64, up 32:64, ...]
+        order = torch.arange(n).view(2, n // 64, 32).transpose(0, 1).reshape(n)
+        super().__init__(lib, weight.detach()[order])
+        self._order = order
+        self._position = torch.argsort(order)  # weight row r sits at packed row position[r]
+
+    def __call__(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        y = super().__call__(x, None if bias is None else bias[self._order])
+        return y.index_select(1, self._position)
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        return super().rows(self._position[ids.reshape(-1)])
+
+    def silu_mul(self, x: torch.Tensor) -> torch.Tensor:
+        """``F.silu(gate) * up`` of ``x @ W^T`` (no bias), ``[m, I]``."""
+        if x.dtype != self.dtype or x.dim() != 2 or x.shape[1] != self.k:
+            raise ValueError(f"x {x.dtype} {tuple(x.shape)} does not fit a packed gate/up weight "
+                             f"{self.dtype} ({self.n}, {self.k})")
+        if x.stride(1) != 1:
+            x = x.contiguous()
+        m = x.shape[0]
+        out = torch.empty(m, self.inter, dtype=self.dtype)
+        if m == 0:
+            return out
+        fused, pairs = self.lib.silu_fused[self.dtype]
+        loader.sync_threads(self.lib)
+        if m <= self.max_rows:
+            rc = fused(x.data_ptr(), x.stride(0), m, self.packed.data_ptr(), self.n, self.k, out.data_ptr(), self.inter)
+            if rc == 0:
+                return out
+            if rc < 0:
+                raise RuntimeError(f"fused gate/up kernel failed (rc {rc}) for x {tuple(x.shape)}")
+        y = PackedWeight.__call__(self, x, None)  # the interleaved order; then SiLU-and-mul on it
+        loader.sync_threads(self.lib)
+        pairs(y.data_ptr(), y.stride(0), m, self.n, out.data_ptr(), self.inter)
+        return out

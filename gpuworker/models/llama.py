@@ -20,7 +20,7 @@ from torch import nn
 
 from gpuworker.attention.base import AttentionBackend, AttentionMetadata, KVCache
 from gpuworker.models import cpu_linear
-from gpuworker.models.cpu_linear import PackedWeight
+from gpuworker.models.cpu_linear import PackedGateUp, PackedWeight
 from gpuworker.models.config import ModelConfig
 
 
@@ -215,8 +215,12 @@ class DecoderLayer(nn.Module):
         x = linear(attn.view(t, self.q_size), self.o_proj, self.o_bias, self.packed.get("o"))
 
         x, residual = add_rms_norm(residual, x, self.post_attention_layernorm, eps, self.cpu_kernels)
-        gate_up = linear(x, self.gate_up_proj, self.gate_up_bias, self.packed.get("gate_up"))
-        x = linear(silu_and_mul(gate_up, self.cpu_kernels), self.down_proj, self.down_bias, self.packed.get("down"))
+        gate_up = self.packed.get("gate_up")
+        if isinstance(gate_up, PackedGateUp):  # the matmul and SiLU-and-mul in one kernel
+            act = gate_up.silu_mul(x)
+        else:
+            act = silu_and_mul(linear(x, self.gate_up_proj, self.gate_up_bias, gate_up), self.cpu_kernels)
+        x = linear(act, self.down_proj, self.down_bias, self.packed.get("down"))
         return x, residual
 
 
@@ -336,7 +340,9 @@ class LlamaForCausalLM(nn.Module):
             lm_head = not self.config.tie_word_embeddings  # oneDNN's layout gives no rows back
         for layer in self.layers:
             for name, attr in self._PROJECTIONS.items():
-                layer.packed[name] = self._replace(layer, attr, pack)
+                fuse = (name == "gate_up" and lib is not None and kind != "onednn" and layer.gate_up_bias is None
+                        and cpu_linear.can_fuse_gate_up(lib, layer.gate_up_proj))
+                layer.packed[name] = self._replace(layer, attr, (lambda w: PackedGateUp(lib, w)) if fuse else pack)
         if lm_head:
             tied = self.lm_head is self.embed_tokens
             self.packed_lm_head = self._replace(self, "lm_head", pack)

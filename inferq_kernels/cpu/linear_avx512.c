@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "threads.h"
+#include "vec_math.h"
 #include <unistd.h>
 #include <sys/syscall.h>
 
@@ -403,3 +404,96 @@ int f32_linear(const float *x, int64_t ldx, int64_t m, const float *wp, int64_t 
         return f32_linear_narrow(x, ldx, m, wp + (n - 32) * k, 32, k, bias ? bias + n - 32 : 0, y + n - 32, ldy);
     return 0;
 }
+
+#if HAVE_SILU_ROWS /* vec_math.h's silu_mul_row (AVX-512 BW and VL) */
+/* ---- The MLP's gate/up projection with SiLU-and-mul fused into it (both AVX-512 kernels).
+   The weight's gate and up halves are packed with their 32-column panels interleaved (panel 2j:
+   gate columns [32j, 32j + 32); panel 2j + 1: the same columns of up), so an output block's two
+   panels are neighbours: a row chunk's gate and up outputs go to a scratch in L1/L2, stored and
+   rounded as the plain kernel stores them, and vec_math.h's silu_mul_row (the function
+   silu_mul_* of paged_decode.c runs) turns them into the activation. The [m, 2I] gate/up output
+   is never written to memory nor read back, and the same bits come out as from the matmul
+   followed by silu_mul. Returns 1, doing nothing, where the plain kernel would take its k-sliced
+   order (k > 2,048 in fp32): the caller then runs the matmul and silu_pairs. */
+int f32_linear_silu(const float *x, int64_t ldx, int64_t m, const float *wp, int64_t n, int64_t k,
+                    float *out, int64_t ldo) {
+    if (n % 64 || m <= 0) return -1;
+    const int64_t pairs = n / 64;
+    if (m <= NARROW_ROWS) {
+        OMP(omp parallel for schedule(static) num_threads(kernel_nthreads))
+        for (int64_t j = 0; j < pairs; ++j) {
+            float sc[NARROW_ROWS * 64] __attribute__((aligned(64)));
+            const float *p0 = wp + 2 * j * k * 32;
+            MK[m](x, ldx, p0, k, 1, 0, sc, 64);
+            MK[m](x, ldx, p0 + k * 32, k, 1, 0, sc + 32, 64);
+            for (int64_t r = 0; r < m; ++r) silu_mul_row_f32(sc + r * 64, sc + r * 64 + 32, out + r * ldo + 32 * j, 32);
+        }
+        return 0;
+    }
+    if (X_BLOCK_BYTES / (k * (int64_t)sizeof(float)) < 48 && pairs >= kernel_nthreads) return 1;
+    const int64_t mc = row_block(m, X_BLOCK_BYTES / (k * (int64_t)sizeof(float)), pairs, 6);
+    const int64_t blocks = (m + mc - 1) / mc;
+    float *scratch = aligned_alloc(64, (size_t)(kernel_nthreads * mc * 64) * sizeof(float));
+    if (!scratch) return 1;
+    OMP(omp parallel for collapse(2) schedule(static) num_threads(kernel_nthreads))
+    for (int64_t rb = 0; rb < blocks; ++rb)
+        for (int64_t np = 0; np < pairs; ++np) {
+            float *sc = scratch + thread_id() * mc * 64;
+            const int64_t mb = rb * mc, rows = m - mb < mc ? m - mb : mc;
+            f32_tile(x + mb * ldx, ldx, 0, rows, wp + 2 * np * k * 32, 0, k, 0, k, 0, sc, 64);
+            for (int64_t r = 0; r < rows; ++r)
+                silu_mul_row_f32(sc + r * 64, sc + r * 64 + 32, out + (mb + r) * ldo + 32 * np, 32);
+        }
+    free(scratch);
+    return 0;
+}
+
+int dp_linear_bf16_silu(const uint16_t *x, int64_t ldx, int64_t m, const uint16_t *wp, int64_t n, int64_t k,
+                        uint16_t *out, int64_t ldo) {
+    if (n % 64 || k % 2 || m <= 0) return -1;
+    int32_t *xp = 0;
+    if (14 * k * (int64_t)sizeof(uint16_t) > X_CHUNK_L1_BYTES) {  /* as dp_linear_bf16 does */
+        xp = malloc((size_t)(m * k / 2) * sizeof(int32_t));
+        if (!xp) return 1;
+        pack_x_pairs(x, ldx, m, k, xp);
+    }
+    OMP(omp parallel for schedule(static) num_threads(kernel_nthreads))
+    for (int64_t j = 0; j < n / 64; ++j) {
+        uint16_t sc[14 * 64] __attribute__((aligned(64)));
+        const uint16_t *p0 = wp + 2 * j * k * 32, *p1 = p0 + k * 32;
+        for (int64_t m0 = 0; m0 < m; m0 += 14) {
+            const int mr = m - m0 < 14 ? (int)(m - m0) : 14;
+            if (xp) {
+                DKP[mr](xp + m0 * (k / 2), p0, k, m0 == 0, 0, sc, 64);
+                DKP[mr](xp + m0 * (k / 2), p1, k, m0 == 0, 0, sc + 32, 64);
+            } else {
+                DK[mr](x + m0 * ldx, ldx, p0, k, m0 == 0, 0, sc, 64);
+                DK[mr](x + m0 * ldx, ldx, p1, k, m0 == 0, 0, sc + 32, 64);
+            }
+            for (int r = 0; r < mr; ++r)
+                silu_mul_row_bf16(sc + r * 64, sc + r * 64 + 32, out + (m0 + r) * ldo + 32 * j, 32);
+        }
+    }
+    free(xp);
+    return 0;
+}
+
+/* SiLU-and-mul of a gate/up output already computed in the interleaved column order above
+   (y[m, n], 32 gate columns then the same 32 up columns): where the fused call does not run */
+int f32_silu_pairs(const float *y, int64_t ldy, int64_t m, int64_t n, float *out, int64_t ldo) {
+    if (n % 64) return -1;
+    OMP(omp parallel for schedule(static) num_threads(kernel_nthreads))
+    for (int64_t r = 0; r < m; ++r)
+        for (int64_t j = 0; j < n / 64; ++j)
+            silu_mul_row_f32(y + r * ldy + 64 * j, y + r * ldy + 64 * j + 32, out + r * ldo + 32 * j, 32);
+    return 0;
+}
+int bf16_silu_pairs(const uint16_t *y, int64_t ldy, int64_t m, int64_t n, uint16_t *out, int64_t ldo) {
+    if (n % 64) return -1;
+    OMP(omp parallel for schedule(static) num_threads(kernel_nthreads))
+    for (int64_t r = 0; r < m; ++r)
+        for (int64_t j = 0; j < n / 64; ++j)
+            silu_mul_row_bf16(y + r * ldy + 64 * j, y + r * ldy + 64 * j + 32, out + r * ldo + 32 * j, 32);
+    return 0;
+}
+#endif

@@ -20,6 +20,7 @@ import functools
 import hashlib
 import logging
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -143,9 +144,10 @@ def pinned_cpus(lib: ctypes.CDLL, n: int) -> list[int]:
 
 
 def source(stem: str) -> str:
-    """The file's text with the shared threads.h inlined: what is hashed is what is built."""
+    """The file's text with the shared headers it includes (``#include "<name>.h"`` of this
+    folder: threads.h, vec_math.h) inlined: what is hashed is what is built."""
     text = (SOURCE_DIR / f"{stem}.c").read_text()
-    return text.replace('#include "threads.h"\n', (SOURCE_DIR / "threads.h").read_text())
+    return re.sub(r'^#include "(\w+\.h)"\n', lambda m: (SOURCE_DIR / m.group(1)).read_text(), text, flags=re.M)
 
 
 def build(stem: str, flags: list[str]) -> ctypes.CDLL | None:

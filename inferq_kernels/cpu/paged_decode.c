@@ -2,6 +2,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "threads.h"
+#include "vec_math.h"
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #define HAVE_AVX512 1
@@ -48,16 +49,6 @@ static inline float exp_neg(float x) {
     return v.f;
 }
 
-/* The vector exp_neg's (exp_neg16, exp_neg8) range reduction r = x - n ln2 (ln2 in two parts)
-   and degree-7 Taylor polynomial of e^r by Horner's rule, one FMA a step, for the intrinsic
-   family P (_mm512 or _mm256): the scalar exp_neg's constants, in the same order. */
-#define EXP_REDUCE(P, n, x) P##_fmadd_ps(n, P##_set1_ps(2.12194440e-4f), P##_fmadd_ps(n, P##_set1_ps(-0.693359375f), x))
-#define EXP_POLY(P, r)                                                                           \
-    P##_fmadd_ps(P##_fmadd_ps(P##_fmadd_ps(P##_fmadd_ps(P##_fmadd_ps(P##_fmadd_ps(P##_fmadd_ps(  \
-        P##_set1_ps(1.0f / 5040.0f), r, P##_set1_ps(1.0f / 720.0f)), r, P##_set1_ps(1.0f / 120.0f)), \
-        r, P##_set1_ps(1.0f / 24.0f)), r, P##_set1_ps(1.0f / 6.0f)), r, P##_set1_ps(0.5f)),        \
-        r, P##_set1_ps(1.0f)), r, P##_set1_ps(1.0f))
-
 #if HAVE_AVX512
 /* 16 vectors -> one vector of their 16 horizontal sums (lane t = sum of v[t]) */
 static inline __m512 sum16(const __m512 *v) {
@@ -74,15 +65,6 @@ static inline __m512 sum16(const __m512 *v) {
     return _mm512_add_ps(_mm512_shuffle_f32x4(f[0], f[1], 0x88), _mm512_shuffle_f32x4(f[0], f[1], 0xdd));
 }
 
-/* exp_neg on 16 lanes: the same range reduction and polynomial as the scalar version */
-static inline __m512 exp_neg16(__m512 x) {
-    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
-    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    const __m512 r = EXP_REDUCE(_mm512, n, x), p = EXP_POLY(_mm512, r);
-    const __m512i e = _mm512_slli_epi32(_mm512_cvtps_epi32(n), 23);
-    return _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(p), e));
-}
 /* sc[t] = exp(sc[t] - max) over len scores; returns their sum (16 lanes at a time: the
    scalar loop was most of a decode row's time at a few hundred tokens) */
 static inline float softmax_numerators(float *sc, int64_t len) {
@@ -503,13 +485,16 @@ DEFINE_ROTARY(rotary_bf16, uint16_t, bf2f, f2bf)
 /* SiLU-and-mul of fused gate|up rows (gate = row[0:n], up = row[n:2n], row stride ld):
    out = T(T(silu(gate)) * up), torch's two roundings (F.silu(gate).mul_(up)). silu(x) =
    x / (1 + e^-x), written with e = exp(-|x|) <= 1 so it cannot overflow; the same result
-   as torch's within an ulp or two (its exp and ours differ in the last bits). */
-#define DEFINE_SILU_MUL(NAME, T, LOAD, STORE)                                                  \
+   as torch's within an ulp or two (its exp and ours differ in the last bits). With AVX-512
+   (BW, VL) each row is vec_math.h's silu_mul_row, the function the gate/up matmul applies
+   when it fuses the two (linear_avx512.c): the same bits either way. */
+#define DEFINE_SILU_MUL(NAME, T, LOAD, STORE, ROW)                                             \
 int NAME(const T *gu, int64_t ld, int64_t n, T *out, int64_t rows) {                            \
     OMP(omp parallel for schedule(static) num_threads(kernel_nthreads))                         \
     for (int64_t r = 0; r < rows; ++r) {                                                        \
         const T *g = gu + r * ld, *u = g + n;                                                   \
         T *o = out + r * n;                                                                     \
+        if (HAVE_SILU_ROWS) { ROW(g, u, o, n); continue; }                                      \
         for (int64_t i = 0; i < n; ++i) {                                                       \
             const float x = LOAD(g[i]);                                                         \
             const float e = exp_neg(-__builtin_fabsf(x));                                       \
@@ -519,8 +504,12 @@ int NAME(const T *gu, int64_t ld, int64_t n, T *out, int64_t rows) {            
     }                                                                                           \
     return 0;                                                                                   \
 }
-DEFINE_SILU_MUL(silu_mul_f32, float, ID, ID)
-DEFINE_SILU_MUL(silu_mul_bf16, uint16_t, bf2f, f2bf)
+#if !HAVE_SILU_ROWS /* never called (HAVE_SILU_ROWS is 0): for the compiler only */
+#define silu_mul_row_f32(g, u, o, n) ((void)0)
+#define silu_mul_row_bf16(g, u, o, n) ((void)0)
+#endif
+DEFINE_SILU_MUL(silu_mul_f32, float, ID, ID, silu_mul_row_f32)
+DEFINE_SILU_MUL(silu_mul_bf16, uint16_t, bf2f, f2bf, silu_mul_row_bf16)
 
 /* bfloat16 residual add + RMSNorm with HF LlamaRMSNorm's roundings:
    residual = bf16(residual + hidden) (stored back; hidden may be NULL),

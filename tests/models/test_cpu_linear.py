@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from gpuworker.attention import cpu_kernels
-from gpuworker.models import cpu_linear
+from gpuworker.models import cpu_linear, llama
 from gpuworker.models.loader import load_model
 from gpuworker.models.weight_memory import held_bytes, one_copy_bytes
 from inferq_kernels.cpu import loader
@@ -187,6 +187,51 @@ def test_bfloat16_wide_k_packs_x_with_the_same_results(lib, monkeypatch):
     assert (alone.float() - ref).abs().max() <= ref.abs().max() * 2**-6
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("inter,k", [(96, 160), (64, 1200), (32, 2600)])
+def test_gate_up_with_silu_fused_gives_the_bits_of_the_matmul_then_silu_mul(lib, dtype, inter, k, monkeypatch):
+    """The MLP's gate|up weight packed with its gate and up panels interleaved: one kernel
+    writes F.silu(gate) * up with the same bits as the plain kernel followed by the SiLU-and-mul
+    kernel, for every batch (the narrow kernel, 6-row tiles in row blocks, bf16 with x's k pairs
+    packed past k = 1,170, and fp32 past k = 2,048 where the kernel falls back to the matmul
+    then SiLU-and-mul on the interleaved output), at 1 and 2 threads; every row equals that row
+    alone. A plain call, rows() and unpacked() keep the weight's own column order."""
+    if dtype == torch.bfloat16:
+        if not cpu_kernels.cpu_has("avx512f", "avx512_bf16"):
+            pytest.skip("this CPU lacks AVX512-BF16: the vdpbf16ps instruction cannot run here")
+        monkeypatch.setattr(lib, "bf16", "avx512_bf16")  # AMX keeps the unfused matmul
+    if dtype not in getattr(lib, "silu_fused", {}):
+        pytest.skip("no fused gate/up kernel here: it needs the AVX-512 build with BW and VL "
+                    "(the model runs the matmul and SiLU-and-mul apart, tested above)")
+    kernels = cpu_kernels.load()
+    g = torch.Generator().manual_seed(inter + k)
+    w = (torch.randn(2 * inter, k, generator=g) * k**-0.5).to(dtype)
+    plain, fused = cpu_linear.PackedWeight(lib, w), cpu_linear.PackedGateUp(lib, w)
+    assert torch.equal(fused.unpacked(), w)
+    assert torch.equal(fused.rows(torch.tensor([0, inter, 2 * inter - 1])), w[[0, inter, 2 * inter - 1]])
+    wide = torch.randn(45, k + 64, generator=g).to(dtype)
+    alone = torch.cat([fused.silu_mul(wide[i:i + 1, 32:32 + k]) for i in range(45)])
+    for rows in (1, 5, 14, 15, 33, 45):
+        x = wide[:rows, 32:32 + k]  # row stride k + 64
+        want = llama.silu_and_mul(plain(x, None), kernels)
+        got = fused.silu_mul(x)
+        assert got.shape == (rows, inter)
+        assert torch.equal(got, want), rows
+        assert torch.equal(got, alone[:rows]), rows
+        assert torch.equal(fused(x, None), plain(x, None)), rows
+    torch.set_num_threads(2)
+    try:
+        assert torch.equal(fused.silu_mul(wide[:, 32:32 + k]), alone)
+    finally:
+        torch.set_num_threads(1)
+    gate, up = F.linear(wide[:, 32:32 + k].double(), w.double()).chunk(2, dim=-1)
+    ref = F.silu(gate) * up
+    assert (alone.double() - ref).abs().max() <= ref.abs().max() * (2**-6 if dtype == torch.bfloat16 else 1e-5)
+    with pytest.raises(ValueError, match="does not fit"):
+        fused.silu_mul(torch.randn(3, k + 1).to(dtype))
+    assert not cpu_linear.can_fuse_gate_up(lib, torch.randn(96, k).to(dtype))  # I = 48: not whole panels
+
+
 def test_past_max_rows_the_panels_still_serve(lib):
     """The packed weight is the only copy: past the kernel's max_rows (float32 on Intel and
     AVX2: prompt chunks) MKL reads the panels as a batch of matrices; a bf16 weight runs
@@ -274,6 +319,11 @@ def test_model_with_packed_weights_matches_the_plain_model(lib, dtype, tied, tmp
     qkv = model.layers[0].packed["qkv"]
     assert isinstance(qkv, cpu_linear.PackedWeight)
     assert torch.equal(qkv.unpacked(), plain.model.layers[0].qkv_proj)
+    gate_up = model.layers[0].packed["gate_up"]
+    fusable = (dtype in getattr(lib, "silu_fused", {}) and (dtype == torch.float32 or lib.bf16 == "avx512_bf16")
+               and model.config.intermediate_size % 32 == 0)
+    assert isinstance(gate_up, cpu_linear.PackedGateUp) == fusable
+    assert torch.equal(gate_up.unpacked(), plain.model.layers[0].gate_up_proj)
     assert model.layers[0].qkv_proj is None and model.lm_head is None
     assert (model.embed_tokens is None) == tied
     assert held_bytes(model) <= 1.1 * one_copy_bytes(model)
