@@ -331,7 +331,8 @@ static inline void prefetch_rows(const void *p, int64_t n, int64_t stride_bytes,
 static inline __attribute__((always_inline)) void NAME##_unit(                                 \
          const T *qrow, T *orow, const T *kc, const T *vc, const int32_t *table,             \
          const int64_t len, const int64_t h0, const int64_t h1, const int64_t hkv,           \
-         const int64_t g_n, const int64_t d, const int64_t bs, const float scale, float *scores) { \
+         const int64_t g_n, const int64_t d, const int64_t bs, const float scale, float *scores, \
+         const int32_t *next_table, const int64_t next_len) {                                  \
     float qf[MAX_G][MAX_D], kf[MAX_D];                                                        \
     const int64_t tok_stride = hkv * d; /* cache layout [blocks, bs, hkv, d] */               \
     float *accs = scores + hkv * g_n * len; /* [head h - h0][g][MAX_D] */                     \
@@ -385,6 +386,9 @@ static inline __attribute__((always_inline)) void NAME##_unit(                  
         for (int64_t h = h0; h < h1; ++h) {                                                   \
             const int64_t base = blk + h * d;                                                 \
             if (n2 > 0) prefetch_rows(vc + next + h * d, n2, tok_stride * (int64_t)sizeof(T), d * (int64_t)sizeof(T)); \
+            if (t0 < next_len) /* the next unit's keys, while this pass reads from L2 */       \
+                prefetch_rows(kc + ((int64_t)next_table[t0 / bs] * bs) * tok_stride + h * d,  \
+                              next_len - t0 < bs ? next_len - t0 : bs, tok_stride * (int64_t)sizeof(T), d * (int64_t)sizeof(T)); \
             const float *p = scores + (h - h0) * g_n * len;                                   \
             float *acc = accs + (h - h0) * g_n * MAX_D;                                       \
             if (FAST_PV(T, d)) {                                                              \
@@ -420,19 +424,26 @@ int NAME(const T *q, int64_t q_tok_stride, T *out, int64_t out_tok_stride,      
     /* whole sequences per unit, or one kv head where the sequences are too few for the threads */ \
     const int64_t hpu = nseq >= 4 * kernel_nthreads || kernel_nthreads == 1 ? hkv : 1;        \
     const int64_t per_seq = hkv / hpu;                                                        \
-    OMP(omp parallel for schedule(dynamic, 1) num_threads(kernel_nthreads))                  \
-    for (int64_t unit = 0; unit < nseq * per_seq; ++unit) {                                   \
+    /* Units dealt round robin (static, 1): a thread's next unit is unit + threads, and while   \
+       pass 3 reads this unit's values from L2 (fetched during pass 1) the memory bus would sit \
+       idle, so it fetches the next unit's keys then (whole sequences per unit only). */      \
+    const int64_t units = nseq * per_seq;                                                     \
+    OMP(omp parallel for schedule(static, 1) num_threads(kernel_nthreads))                   \
+    for (int64_t unit = 0; unit < units; ++unit) {                                           \
         const int64_t s = unit / per_seq, h0 = unit % per_seq * hpu;                          \
+        const int64_t ns = unit + kernel_nthreads < units && per_seq == 1 ? unit + kernel_nthreads : -1; \
+        const int32_t *next_table = ns < 0 ? tables : tables + seq_idx[ns] * table_stride;     \
+        const int64_t next_len = ns < 0 ? 0 : lens[ns];                                       \
         const T *qrow = q + q_rows[s] * q_tok_stride;                                         \
         T *orow = out + q_rows[s] * out_tok_stride;                                           \
         const int32_t *table = tables + seq_idx[s] * table_stride;                            \
         float *scores = scratch0 + thread_id() * sstride; /* [head h - h0][g][len] */         \
         if (d == 64) /* head sizes 64 and 128: loops of a known trip count (fully vectorised) */ \
-            NAME##_unit(qrow, orow, kc, vc, table, lens[s], h0, h0 + hpu, hkv, g_n, 64, bs, scale, scores); \
+            NAME##_unit(qrow, orow, kc, vc, table, lens[s], h0, h0 + hpu, hkv, g_n, 64, bs, scale, scores, next_table, next_len); \
         else if (d == 128)                                                                    \
-            NAME##_unit(qrow, orow, kc, vc, table, lens[s], h0, h0 + hpu, hkv, g_n, 128, bs, scale, scores); \
+            NAME##_unit(qrow, orow, kc, vc, table, lens[s], h0, h0 + hpu, hkv, g_n, 128, bs, scale, scores, next_table, next_len); \
         else                                                                                  \
-            NAME##_unit(qrow, orow, kc, vc, table, lens[s], h0, h0 + hpu, hkv, g_n, d, bs, scale, scores); \
+            NAME##_unit(qrow, orow, kc, vc, table, lens[s], h0, h0 + hpu, hkv, g_n, d, bs, scale, scores, next_table, next_len); \
     }                                                                                         \
     return 0;                                                                                 \
 }
