@@ -4,10 +4,10 @@ sees it: --seqs sequences of 60-380 cached tokens (seeded), one query row each,
 SmolLM2-135M's heads (9 query, 3 kv, head size 64), paged blocks of 16 at shuffled
 places, one cache per layer for --layers layers so the keys and values come from
 memory as in the model (--layers 1: they stay in the caches). One torch thread; the
-median over 7 passes of the time per layer, through the backend (the C kernel where
+median over --passes passes of the time per layer, through the backend (the C kernel where
 it builds, with the plan and the k/v writes; --torch: the gather + SDPA path).
 
-    python scripts/bench_decode_attention.py [--dtype float32|bfloat16] [--layers 30] [--torch]
+    python scripts/bench_decode_attention.py [--dtype float32|bfloat16] [--layers 30] [--passes 7] [--torch]
 """
 import argparse
 import random
@@ -30,6 +30,7 @@ def main() -> int:
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--seqs", type=int, default=19)
     ap.add_argument("--layers", type=int, default=30)
+    ap.add_argument("--passes", type=int, default=7, help="timed passes over the layers (the median is shown)")
     ap.add_argument("--torch", action="store_true", help="the gather + SDPA path instead of the C kernel")
     args = ap.parse_args()
     torch.set_num_threads(1)
@@ -51,7 +52,7 @@ def main() -> int:
     q = torch.randn(len(lens), HQ, D).to(dt)
     k, v = torch.randn(len(lens), HK, D).to(dt), torch.randn(len(lens), HK, D).to(dt)
     per_layer = []
-    for _ in range(7):
+    for _ in range(args.passes):
         t = time.perf_counter()
         for cache in caches:
             backend.forward(q, k, v, cache, meta, D**-0.5)

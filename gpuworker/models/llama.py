@@ -311,7 +311,9 @@ class LlamaForCausalLM(nn.Module):
           bf16 kernels take all of them, and so does the AVX-512 fp32 one off Intel (MKL's
           generic path is slow there); past the fp32 kernel's ``max_rows`` (Intel, AVX2)
           MKL reads the panels as a batch of matrices. Needs AVX-512 or AVX2+FMA (AMX or
-          AVX512-BF16 for bf16) and ``kernels``.
+          AVX512-BF16 for bf16) and ``kernels``. On the AVX-512 fp32 and AVX512-BF16 kernels
+          the MLP's gate/up weight is a ``PackedGateUp``: the matmul and SiLU-and-mul run
+          as one kernel (the same bits as the two apart).
         * "onednn" (bfloat16 elsewhere): oneDNN's blocked layout. Plain ``F.linear``
           re-lays the weight out on every call; prepacked it runs 1.5-2.5x faster at
           decode-sized batches here, with bit-identical results.
