@@ -261,17 +261,23 @@ class ModelRunner:
         # Grammar masks are filled on a helper thread while the forward runs.
         pending = self._shaper().begin(row_reqs, row_offsets) if shaped else None
         t1 = time.perf_counter()
+        prompt_logprobs = any(s.request.prompt_logprobs is not None for s in sched.scheduled)
+        kept = False  # hidden holds the sampling rows only
         if self.graphs is not None and self.graphs.can_run(meta):
             hidden = self.graphs.run(ids, positions, meta)
+        elif rows_idx is not None and 0 < rows_idx.numel() < ids.shape[0] and not prompt_logprobs:
+            # Only the sampling rows' hidden states are wanted: the last layer's MLP skips the rest.
+            hidden = self.model(ids, positions, self.kv_caches, meta, keep_rows=rows_idx)
+            kept = True
         else:
             hidden = self.model(ids, positions, self.kv_caches, meta)
-        if any(s.request.prompt_logprobs is not None for s in sched.scheduled):
+        if prompt_logprobs:
             collect_prompt_logprobs(self.model, hidden, sched.scheduled, qsl.tolist())
         if rows_idx is None:
             times.prepare, times.forward = t1 - t0, time.perf_counter() - t1
             return SampledTokens()
         # Logits only for rows that sample: the last token of each finished prompt/decode.
-        if rows_idx.numel() != hidden.shape[0]:
+        if not kept and rows_idx.numel() != hidden.shape[0]:
             hidden = hidden.index_select(0, rows_idx)
         greedy = all(r.plain_greedy for r in reqs)
         # Greedy rows need only the best token: logits stay in the model dtype (widening

@@ -191,7 +191,10 @@ class DecoderLayer(nn.Module):
         residual: torch.Tensor | None,
         kv_cache: KVCache,
         meta: AttentionMetadata,
+        keep_rows: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One layer over the step's rows; with ``keep_rows`` the rows after attention are
+        these only (see LlamaForCausalLM.forward)."""
         cfg = self.cfg
         eps = cfg.rms_norm_eps
         # In place: the residual stream is private to the forward (fewer allocations).
@@ -211,8 +214,10 @@ class DecoderLayer(nn.Module):
             k = rms_norm(k, self.k_norm, eps)
         cos, sin = rotary
         q, k = rotate_qk(q, k, cos, sin, self.cpu_kernels)
-        attn = self.backend.forward(q, k, v, kv_cache, meta, self.scale)
-        x = linear(attn.view(t, self.q_size), self.o_proj, self.o_bias, self.packed.get("o"))
+        attn = self.backend.forward(q, k, v, kv_cache, meta, self.scale).view(t, self.q_size)
+        if keep_rows is not None:
+            attn, residual = attn.index_select(0, keep_rows), residual.index_select(0, keep_rows)
+        x = linear(attn, self.o_proj, self.o_bias, self.packed.get("o"))
 
         x, residual = add_rms_norm(residual, x, self.post_attention_layernorm, eps, self.cpu_kernels)
         gate_up = self.packed.get("gate_up")
@@ -254,15 +259,23 @@ class LlamaForCausalLM(nn.Module):
         positions: torch.Tensor,
         kv_caches: list[KVCache],
         meta: AttentionMetadata,
+        keep_rows: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Return the final-normed hidden states ``[T, hidden]`` of every new token."""
+        """Return the final-normed hidden states ``[T, hidden]`` of every new token, or with
+        ``keep_rows`` (int64 row indices) only of those rows, ``[len(keep_rows), hidden]``: the
+        last layer then runs its attention for every row (their keys and values must be
+        cached, and a row's attention is the same whatever rows run beside it) and its output
+        projection, MLP and the final norm on the kept rows alone. A prompt chunk needs the
+        logits of its last token only: this skips 1/L of a prompt step's matmuls (L layers)
+        and gives the kept rows the same values as the full forward."""
         if len(kv_caches) != len(self.layers):
             raise ValueError(f"expected {len(self.layers)} kv caches, got {len(kv_caches)}")
         hidden = self.embed(input_ids)
         residual = None
         rotary = self.rotary(positions)
-        for layer, cache in zip(self.layers, kv_caches):
-            hidden, residual = layer(rotary, hidden, residual, cache, meta)
+        last = len(self.layers) - 1
+        for i, (layer, cache) in enumerate(zip(self.layers, kv_caches)):
+            hidden, residual = layer(rotary, hidden, residual, cache, meta, keep_rows if i == last else None)
         return add_rms_norm(residual, hidden, self.norm, self.config.rms_norm_eps, self.layers[0].cpu_kernels)[0]
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:

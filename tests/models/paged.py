@@ -59,9 +59,11 @@ class PagedDriver:
         self.tables: dict[int, list[int]] = {}
         self.cached: dict[int, int] = {}
 
-    def step(self, work: list[tuple[int, list[int]]]) -> list[torch.Tensor]:
+    def step(self, work: list[tuple[int, list[int]]], last_rows_only: bool = False) -> list[torch.Tensor]:
         """work: (sequence id, new token ids) per sequence. Returns fp32 logits
-        [len(new tokens), vocab] for each sequence, in order."""
+        [len(new tokens), vocab] for each sequence, in order; ``last_rows_only``: only each
+        chunk's last row ([1, vocab] each), through the forward's ``keep_rows`` as the model
+        runner asks for its sampling rows."""
         chunks, tables, ids = [], [], []
         for sid, tokens in work:
             ctx = self.cached.get(sid, 0)
@@ -73,6 +75,10 @@ class PagedDriver:
             ids += tokens
             self.cached[sid] = ctx + len(tokens)
         meta, positions = build_metadata(chunks, tables, self.block_size)
+        if last_rows_only:
+            last = meta.query_start_loc[1:].long() - 1
+            hidden = self.model(torch.tensor(ids, dtype=torch.int64), positions, self.kv, meta, keep_rows=last)
+            return list(self.model.compute_logits(hidden).split(1))
         hidden = self.model(torch.tensor(ids, dtype=torch.int64), positions, self.kv, meta)
         logits = self.model.compute_logits(hidden)
         return list(logits.split([q for _, q in chunks]))
