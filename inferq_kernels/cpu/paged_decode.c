@@ -88,8 +88,8 @@ static inline float softmax_numerators(float *sc, int64_t len) {
    scores[g * len + t] = scale * (q_g . k_t). FMA(acc, q, k) adds STEP values' products. The 16
    tokens' sums advance side by side, STEP values at a time: one token's chain of d / STEP
    dependent FMAs at a time left the core waiting on each FMA's latency (decode attention on a
-   Zen 4 ~1.4x faster in the caches). Past a partial block's n tokens the lanes re-read token
-   n - 1 (in bounds; never stored). */
+   Zen 4 1.15-1.25x faster with the cache in L3). Past a partial block's n tokens the lanes
+   re-read token n - 1 (in bounds; never stored). */
 #define DEFINE_DOTS(NAME, T, STEP, FMA)                                                          \
 static inline __attribute__((always_inline)) void NAME(                                         \
         const T *q, const T *k, int64_t tok_stride, int64_t n, int64_t g_n, const int64_t d,    \
