@@ -480,20 +480,15 @@ int dp_linear_bf16_silu(const uint16_t *x, int64_t ldx, int64_t m, const uint16_
 
 /* SiLU-and-mul of a gate/up output already computed in the interleaved column order above
    (y[m, n], 32 gate columns then the same 32 up columns): where the fused call does not run */
-int f32_silu_pairs(const float *y, int64_t ldy, int64_t m, int64_t n, float *out, int64_t ldo) {
-    if (n % 64) return -1;
-    OMP(omp parallel for schedule(static) num_threads(kernel_nthreads))
-    for (int64_t r = 0; r < m; ++r)
-        for (int64_t j = 0; j < n / 64; ++j)
-            silu_mul_row_f32(y + r * ldy + 64 * j, y + r * ldy + 64 * j + 32, out + r * ldo + 32 * j, 32);
-    return 0;
+#define DEFINE_SILU_PAIRS(NAME, T, ROW)                                                          \
+int NAME(const T *y, int64_t ldy, int64_t m, int64_t n, T *out, int64_t ldo) {                   \
+    if (n % 64) return -1;                                                                       \
+    OMP(omp parallel for schedule(static) num_threads(kernel_nthreads))                          \
+    for (int64_t r = 0; r < m; ++r)                                                              \
+        for (int64_t j = 0; j < n / 64; ++j)                                                     \
+            ROW(y + r * ldy + 64 * j, y + r * ldy + 64 * j + 32, out + r * ldo + 32 * j, 32);    \
+    return 0;                                                                                    \
 }
-int bf16_silu_pairs(const uint16_t *y, int64_t ldy, int64_t m, int64_t n, uint16_t *out, int64_t ldo) {
-    if (n % 64) return -1;
-    OMP(omp parallel for schedule(static) num_threads(kernel_nthreads))
-    for (int64_t r = 0; r < m; ++r)
-        for (int64_t j = 0; j < n / 64; ++j)
-            silu_mul_row_bf16(y + r * ldy + 64 * j, y + r * ldy + 64 * j + 32, out + r * ldo + 32 * j, 32);
-    return 0;
-}
+DEFINE_SILU_PAIRS(f32_silu_pairs, float, silu_mul_row_f32)
+DEFINE_SILU_PAIRS(bf16_silu_pairs, uint16_t, silu_mul_row_bf16)
 #endif

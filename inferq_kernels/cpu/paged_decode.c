@@ -169,15 +169,6 @@ static inline __m256 sum8(const __m256 *v) {
 static inline __m256i first_lanes(int64_t n) {
     return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }
-/* exp_neg on 8 lanes: the same range reduction and polynomial as the scalar version */
-static inline __m256 exp_neg8(__m256 x) {
-    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
-    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    const __m256 r = EXP_REDUCE(_mm256, n, x), p = EXP_POLY(_mm256, r);
-    const __m256i e = _mm256_slli_epi32(_mm256_cvtps_epi32(n), 23);
-    return _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p), e));
-}
 static inline float hsum8(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));

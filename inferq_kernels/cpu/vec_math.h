@@ -14,6 +14,19 @@
         r, P##_set1_ps(1.0f / 24.0f)), r, P##_set1_ps(1.0f / 6.0f)), r, P##_set1_ps(0.5f)),        \
         r, P##_set1_ps(1.0f)), r, P##_set1_ps(1.0f))
 
+#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+#include <immintrin.h>
+/* e^x for x <= 0 on 8 lanes (AVX2 + FMA): exp_neg16's operations */
+static inline __m256 exp_neg8(__m256 x) {
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m256 r = EXP_REDUCE(_mm256, n, x), p = EXP_POLY(_mm256, r);
+    const __m256i e = _mm256_slli_epi32(_mm256_cvtps_epi32(n), 23);
+    return _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p), e));
+}
+#endif
+
 #if defined(__AVX512F__)
 #include <immintrin.h>
 
