@@ -181,15 +181,19 @@ class PackedWeight:
         return (x.dim() == 2 and 0 < x.shape[0] <= self.max_rows and x.dtype == self.dtype and x.stride(1) == 1
                 and (bias is None or (bias.dtype == self.dtype and bias.is_contiguous())))
 
-    def __call__(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        """``F.linear(x, weight, bias)`` for a 2-D ``x`` of any row count."""
+    def _checked(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """``x`` as the kernels read it (rows with unit stride), or a TypeError / ValueError
+        where it or ``bias`` does not fit this weight."""
         if x.dtype != self.dtype or (bias is not None and bias.dtype != self.dtype):
             raise TypeError(f"a {self.dtype} packed weight got x {x.dtype}"
                             + ("" if bias is None else f" and bias {bias.dtype}"))
         if x.dim() != 2 or x.shape[1] != self.k:
             raise ValueError(f"x {tuple(x.shape)} does not fit a packed weight ({self.n}, {self.k})")
-        if x.stride(1) != 1:
-            x = x.contiguous()
+        return x if x.stride(1) == 1 else x.contiguous()
+
+    def __call__(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """``F.linear(x, weight, bias)`` for a 2-D ``x`` of any row count."""
+        x = self._checked(x, bias)
         if bias is not None:
             bias = bias.contiguous()
         m = x.shape[0]
@@ -270,11 +274,7 @@ class PackedGateUp(PackedWeight):
 
     def silu_mul(self, x: torch.Tensor) -> torch.Tensor:
         """``F.silu(gate) * up`` of ``x @ W^T`` (no bias), ``[m, I]``."""
-        if x.dtype != self.dtype or x.dim() != 2 or x.shape[1] != self.k:
-            raise ValueError(f"x {x.dtype} {tuple(x.shape)} does not fit a packed gate/up weight "
-                             f"{self.dtype} ({self.n}, {self.k})")
-        if x.stride(1) != 1:
-            x = x.contiguous()
+        x = self._checked(x)
         m = x.shape[0]
         out = torch.empty(m, self.inter, dtype=self.dtype)
         if m == 0:
@@ -288,6 +288,5 @@ class PackedGateUp(PackedWeight):
             if rc < 0:
                 raise RuntimeError(f"fused gate/up kernel failed (rc {rc}) for x {tuple(x.shape)}")
         y = PackedWeight.__call__(self, x, None)  # the interleaved order; then SiLU-and-mul on it
-        loader.sync_threads(self.lib)
         pairs(y.data_ptr(), y.stride(0), m, self.n, out.data_ptr(), self.inter)
         return out
