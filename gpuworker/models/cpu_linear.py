@@ -9,11 +9,11 @@ panels of 32 output columns x all of K (contiguous, so a matmul is one sequentia
 pass with software prefetch), each row chunk reusing the panel from L1/L2:
 
 * bfloat16 on Intel AMX: the panel as pairs of B tiles, 32-row chunks of x as A
-  tiles (a tail chunk zero-padded), fp32 accumulation in the tiles (``tdpbf16ps``),
-  bias in fp32, one rounding to bf16 as oneDNN does: equal to ``F.linear`` up to 32
-  rows on this machine. ~1.2-1.3x oneDNN's prepacked speed at 1-32 rows. Larger
-  batches run the same kernel in 32-row chunks (not measured: no AMX machine since;
-  oneDNN's packing, ~1.2x ``F.linear`` at 64-256 rows, was a second copy of the weights).
+  tiles (a tail chunk zero-padded; a chunk of 1-16 rows runs two tile products a k block,
+  not four), fp32 accumulation in the tiles (``tdpbf16ps``), bias in fp32, one rounding to
+  bf16 as oneDNN does. On a 2-vCPU Xeon (Emerald Rapids), SmolLM2's projections: 1.2-1.6x
+  oneDNN's prepacked speed at 1-32 rows, 0.8-0.95x at 128-512 (bench_cpu_matmul.py); it runs
+  every batch size since its panels are the only copy of the weights.
 * bfloat16 on AVX512-BF16 without AMX (e.g. AMD Zen 4 and 5): the panel as [K/2][32][2]
   (one k pair of 32 columns per 128 bytes), 14 rows x 32 columns of fp32 accumulators,
   ``vdpbf16ps`` with each row's k pair broadcast; bias in fp32, one rounding to bf16,
@@ -126,16 +126,17 @@ def declare(lib: ctypes.CDLL, isa: str) -> None:
         getattr(lib, name).argtypes = [p, i, i, p] if "pack" in name else [p, i, i, p, i, i, p, p, i]
         getattr(lib, name).restype = ctypes.c_int
     lib.isa = isa
-    # The gate/up matmul with SiLU-and-mul fused (PackedGateUp), by dtype: (fused, silu_pairs);
-    # built where the compiler has AVX-512 BW and VL (vec_math.h).
+    # The gate/up matmul with SiLU-and-mul fused (PackedGateUp), by the weight's layout: (fused,
+    # silu_pairs); built where the compiler has AVX-512 BW and VL (vec_math.h).
     lib.silu_fused = {}
     if isa == "avx512" and hasattr(lib, "f32_linear_silu"):
-        for dt, fused, pairs in ((torch.float32, "f32_linear_silu", "f32_silu_pairs"),
-                                 (torch.bfloat16, "dp_linear_bf16_silu", "bf16_silu_pairs")):
+        for layout, fused, pairs in (("f32", "f32_linear_silu", "f32_silu_pairs"),
+                                     ("avx512_bf16", "dp_linear_bf16_silu", "bf16_silu_pairs"),
+                                     ("amx", "amx_linear_bf16_silu", "bf16_silu_pairs")):
             f, g = getattr(lib, fused), getattr(lib, pairs)
             f.argtypes, g.argtypes = [p, i, i, p, i, i, p, i], [p, i, i, i, p, i]
             f.restype = g.restype = ctypes.c_int
-            lib.silu_fused[dt] = (f, g)
+            lib.silu_fused[layout] = (f, g)
 
 
 def can_pack(lib: ctypes.CDLL, weight: torch.Tensor) -> bool:
@@ -238,12 +239,16 @@ class PackedWeight:
         return self.rows(torch.arange(self.n))
 
 
+def layout_of(lib: ctypes.CDLL, dtype: torch.dtype) -> str | None:
+    """How a weight of ``dtype`` is packed here: "f32", "amx", "avx512_bf16", or None."""
+    return "f32" if dtype == torch.float32 else (lib.bf16 if dtype == torch.bfloat16 else None)
+
+
 def can_fuse_gate_up(lib: ctypes.CDLL, weight: torch.Tensor) -> bool:
     """Whether the MLP's gate|up weight ``[2I, k]`` can be a PackedGateUp here: the AVX-512
-    fp32 kernel or the AVX512-BF16 one (not AMX), I a multiple of 32."""
-    if not can_pack(lib, weight) or weight.dtype not in getattr(lib, "silu_fused", {}) or weight.shape[0] % 64:
-        return False
-    return weight.dtype == torch.float32 or lib.bf16 == "avx512_bf16"
+    fp32 kernel, the AVX512-BF16 one or the AMX one, I a multiple of 32."""
+    return (can_pack(lib, weight) and weight.shape[0] % 64 == 0
+            and layout_of(lib, weight.dtype) in getattr(lib, "silu_fused", {}))
 
 
 class PackedGateUp(PackedWeight):
@@ -279,7 +284,7 @@ class PackedGateUp(PackedWeight):
         out = torch.empty(m, self.inter, dtype=self.dtype)
         if m == 0:
             return out
-        fused, pairs = self.lib.silu_fused[self.dtype]
+        fused, pairs = self.lib.silu_fused[self.layout]
         loader.sync_threads(self.lib)
         if m <= self.max_rows:
             rc = fused(x.data_ptr(), x.stride(0), m, self.packed.data_ptr(), self.n, self.k, out.data_ptr(), self.inter)

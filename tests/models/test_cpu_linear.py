@@ -194,20 +194,27 @@ def test_bfloat16_wide_k_packs_x_with_the_same_results(lib, monkeypatch):
     assert (alone.float() - ref).abs().max() <= ref.abs().max() * 2**-6
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype,layout", [(torch.float32, "f32"), (torch.bfloat16, "avx512_bf16"),
+                                          (torch.bfloat16, "amx")])
 @pytest.mark.parametrize("inter,k", [(96, 160), (64, 1200), (32, 2600)])
-def test_gate_up_with_silu_fused_gives_the_bits_of_the_matmul_then_silu_mul(lib, dtype, inter, k, monkeypatch):
+def test_gate_up_with_silu_fused_gives_the_bits_of_the_matmul_then_silu_mul(lib, dtype, layout, inter, k,
+                                                                             monkeypatch):
     """The MLP's gate|up weight packed with its gate and up panels interleaved: one kernel
     writes F.silu(gate) * up with the same bits as the plain kernel followed by the SiLU-and-mul
     kernel, for every batch (the narrow kernel, 6-row tiles in row blocks, bf16 with x's k pairs
     packed past k = 1,170, and fp32 past k = 2,048 where the kernel falls back to the matmul
     then SiLU-and-mul on the interleaved output), at 1 and 2 threads; every row equals that row
-    alone. A plain call, rows() and unpacked() keep the weight's own column order."""
-    if dtype == torch.bfloat16:
+    alone. A plain call, rows() and unpacked() keep the weight's own column order. AMX (its
+    32-row chunks, a zero-padded tail) takes k rounded up to whole 32-long tiles."""
+    if layout == "avx512_bf16":
         if not cpu_kernels.cpu_has("avx512f", "avx512_bf16"):
             pytest.skip("this CPU lacks AVX512-BF16: the vdpbf16ps instruction cannot run here")
-        monkeypatch.setattr(lib, "bf16", "avx512_bf16")  # AMX keeps the unfused matmul
-    if dtype not in getattr(lib, "silu_fused", {}):
+        monkeypatch.setattr(lib, "bf16", "avx512_bf16")  # an AMX CPU would pick its tile kernel
+    if layout == "amx":
+        if not lib.amx:
+            pytest.skip("no AMX on this CPU (or Linux refused its tile state): the tile kernel cannot run here")
+        k = -(-k // 32) * 32
+    if layout not in getattr(lib, "silu_fused", {}):
         pytest.skip("no fused gate/up kernel here: it needs the AVX-512 build with BW and VL "
                     "(the model runs the matmul and SiLU-and-mul apart, tested above)")
     kernels = cpu_kernels.load()
@@ -218,7 +225,7 @@ def test_gate_up_with_silu_fused_gives_the_bits_of_the_matmul_then_silu_mul(lib,
     assert torch.equal(fused.rows(torch.tensor([0, inter, 2 * inter - 1])), w[[0, inter, 2 * inter - 1]])
     wide = torch.randn(45, k + 64, generator=g).to(dtype)
     alone = torch.cat([fused.silu_mul(wide[i:i + 1, 32:32 + k]) for i in range(45)])
-    for rows in (1, 5, 14, 15, 33, 45):
+    for rows in (1, 5, 14, 15, 20, 33, 45):
         x = wide[:rows, 32:32 + k]  # row stride k + 64
         want = llama.silu_and_mul(plain(x, None), kernels)
         got = fused.silu_mul(x)
@@ -327,7 +334,7 @@ def test_model_with_packed_weights_matches_the_plain_model(lib, dtype, tied, tmp
     assert isinstance(qkv, cpu_linear.PackedWeight)
     assert torch.equal(qkv.unpacked(), plain.model.layers[0].qkv_proj)
     gate_up = model.layers[0].packed["gate_up"]
-    fusable = (dtype in getattr(lib, "silu_fused", {}) and (dtype == torch.float32 or lib.bf16 == "avx512_bf16")
+    fusable = (cpu_linear.layout_of(lib, dtype) in getattr(lib, "silu_fused", {})
                and model.config.intermediate_size % 32 == 0)
     assert isinstance(gate_up, cpu_linear.PackedGateUp) == fusable
     assert torch.equal(gate_up.unpacked(), plain.model.layers[0].gate_up_proj)
