@@ -220,12 +220,13 @@ def test_gate_up_with_silu_fused_gives_the_bits_of_the_matmul_then_silu_mul(lib,
     kernels = cpu_kernels.load()
     g = torch.Generator().manual_seed(inter + k)
     w = (torch.randn(2 * inter, k, generator=g) * k**-0.5).to(dtype)
-    plain, fused = cpu_linear.PackedWeight(lib, w), cpu_linear.PackedGateUp(lib, w)
+    plain = _kernel_at_every_batch_size(cpu_linear.PackedWeight(lib, w))
+    fused = _kernel_at_every_batch_size(cpu_linear.PackedGateUp(lib, w))
     assert torch.equal(fused.unpacked(), w)
     assert torch.equal(fused.rows(torch.tensor([0, inter, 2 * inter - 1])), w[[0, inter, 2 * inter - 1]])
-    wide = torch.randn(45, k + 64, generator=g).to(dtype)
-    alone = torch.cat([fused.silu_mul(wide[i:i + 1, 32:32 + k]) for i in range(45)])
-    for rows in (1, 5, 14, 15, 20, 33, 45):
+    wide = torch.randn(130, k + 64, generator=g).to(dtype)
+    alone = torch.cat([fused.silu_mul(wide[i:i + 1, 32:32 + k]) for i in range(130)])
+    for rows in (1, 5, 14, 15, 20, 33, 45, 130):  # 130: past AMX's 96-row blocks at k = 2,624
         x = wide[:rows, 32:32 + k]  # row stride k + 64
         want = llama.silu_and_mul(plain(x, None), kernels)
         got = fused.silu_mul(x)
