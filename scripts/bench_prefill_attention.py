@@ -2,7 +2,8 @@
 """Micro-benchmark of one layer's prefill attention on the CPU, per prefill route of
 gpuworker/attention/torch_backend.py: "torch" (baddbmm with an additive causal mask, SDPA past
 its size limit), "rows" (the C paged-decode kernel, row j of a chunk seeing its context + j + 1
-keys) and "tiled" (inferq_kernels/cpu/paged_prefill.c: query tiles x key chunks, online softmax),
+keys) and "tiled" (inferq_kernels/cpu/paged_prefill.c: query tiles x key chunks, online softmax;
+in bf16 on an AMX CPU paged_prefill_amx.c, whose vector kernel "tiled-vector" still runs),
 plus "auto", the backend's own choice. SmolLM2-135M's heads by default (9 query, 3 kv, head
 size 64). Median of N calls per route, the routes alternating over 3 rounds (N: 20, fewer for
 slow cases, at least 3).
@@ -23,6 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
+from gpuworker.attention import cpu_kernels  # noqa: E402
 from gpuworker.attention.base import AttentionMetadata  # noqa: E402
 from gpuworker.attention.torch_backend import TorchAttentionBackend  # noqa: E402
 from tests.models.paged import build_metadata  # noqa: E402  (the test suite's step builder)
@@ -80,11 +82,15 @@ def main() -> int:
         q, k, v = (torch.randn(t, h, d, generator=g).to(dt) for h in (hq, hk, hk))
         times: dict[str, list[float]] = {r: [] for r in routes}
         outs = {}
-        backends = {r: TorchAttentionBackend(prefill_path=None if r == "auto" else r) for r in routes}
+        backends = {r: TorchAttentionBackend(prefill_path={"auto": None, "tiled-vector": "tiled"}.get(r, r))
+                    for r in routes}
+        kern = cpu_kernels.load()
+        amx = kern.prefill_amx
         kv = (cache[0].clone(), cache[1].clone())
         n_calls = 20
         for rnd in range(3):
             for r in routes:
+                kern.prefill_amx = None if r == "tiled-vector" else amx  # the vector kernel, not AMX's
                 outs[r] = backends[r].forward(q, k, v, kv, meta, d**-0.5).float()
                 for _ in range(n_calls):
                     t0 = time.perf_counter()
@@ -92,10 +98,11 @@ def main() -> int:
                     times[r].append(time.perf_counter() - t0)
                 if rnd == 0 and r == routes[0]:  # keep a case's rounds to ~1 s per route
                     n_calls = max(3, min(20, int(0.3 / max(times[r]))))
+        kern.prefill_amx = amx
         med = {r: statistics.median(times[r]) * 1e3 for r in routes}
         base = outs.get("torch", next(iter(outs.values())))
         diff = max((o - base).abs().max().item() for o in outs.values())
-        c_best = min((med[r] for r in ("rows", "tiled") if r in med), default=float("nan"))
+        c_best = min((med[r] for r in ("rows", "tiled", "tiled-vector") if r in med), default=float("nan"))
         ratio = med["torch"] / c_best if "torch" in med else float("nan")
         print(f"| {case} | " + " | ".join(f"{med[r]:.2f}" for r in routes) + f" | {ratio:.2f}x | {diff:.1e} |")
     return 0

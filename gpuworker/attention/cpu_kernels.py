@@ -48,15 +48,20 @@ _FLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-std=c11", "-fno
 _PREFILL_FLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-std=c11", "-fno-math-errno",
                   "-fno-trapping-math", "-ffp-contract=fast"]
 
+# paged_prefill_amx.c: the bf16 prefill attention on AMX tiles, built where the CPU has AMX
+_AMX_FLAGS = ["-O3", "-march=native", "-mamx-tile", "-mamx-bf16", "-mavx512bf16", "-std=gnu11"]
+
 _lock = threading.Lock()
 _loaded: "DecodeKernel | None | bool" = False  # False = not tried yet
 
 
 class DecodeKernel:
-    def __init__(self, lib: ctypes.CDLL, path: Path, prefill_lib: ctypes.CDLL | None = None) -> None:
+    def __init__(self, lib: ctypes.CDLL, path: Path, prefill_lib: ctypes.CDLL | None = None,
+                 amx_lib: ctypes.CDLL | None = None) -> None:
         self.path = path
         self.lib = lib
         self.prefill_lib = prefill_lib
+        self.amx_lib = amx_lib
         self.openmp = lib.openmp
         argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,
                     ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
@@ -77,6 +82,12 @@ class DecodeKernel:
                 fn.argtypes = [p, i, p, i, p, p, p, i, p, p, p, p, i, i, i, i, i, ctypes.c_float]
                 fn.restype = ctypes.c_int
                 self.prefill_fns[name] = fn
+        # paged_prefill_amx.c (bf16 on AMX tiles, head sizes a multiple of 32), else None
+        self.prefill_amx = None
+        if amx_lib is not None:
+            self.prefill_amx = amx_lib.paged_prefill_bf16_amx
+            self.prefill_amx.argtypes = [p, i, p, i, p, p, p, i, p, p, p, p, i, i, i, i, i, ctypes.c_float]
+            self.prefill_amx.restype = ctypes.c_int
         # elementwise kernels, one C function per dtype, looked up by the tensor's dtype
         self.add_rms_norm = _by_dtype(lib, "add_rms_norm", [p, p, p, p, i, i, ctypes.c_float])
         self.silu_mul = _by_dtype(lib, "silu_mul", [p, i, i, p, i])
@@ -86,8 +97,9 @@ class DecodeKernel:
     def sync(self) -> None:
         """Set the kernels' thread count to torch's (call before a kernel)."""
         loader.sync_threads(self.lib)
-        if self.prefill_lib is not None:
-            loader.sync_threads(self.prefill_lib)
+        for extra in (self.prefill_lib, self.amx_lib):
+            if extra is not None:
+                loader.sync_threads(extra)
 
 
 def _by_dtype(lib: ctypes.CDLL, stem: str, argtypes: list) -> dict:
@@ -108,7 +120,15 @@ def _build() -> DecodeKernel | None:
     lib = loader.build("paged_decode", _FLAGS)
     if lib is None:
         return None
-    return DecodeKernel(lib, Path(lib._name), loader.build("paged_prefill", _PREFILL_FLAGS))
+    return DecodeKernel(lib, Path(lib._name), loader.build("paged_prefill", _PREFILL_FLAGS), _build_amx())
+
+
+def _build_amx() -> ctypes.CDLL | None:
+    """paged_prefill_amx.c where the CPU has AMX and Linux grants this process its tile state."""
+    if not cpu_has("amx_tile", "amx_bf16", "avx512_bf16"):
+        return None
+    lib = loader.build("paged_prefill_amx", _AMX_FLAGS)
+    return lib if lib is not None and lib.amx_enable() == 0 else None
 
 
 def load() -> DecodeKernel | None:

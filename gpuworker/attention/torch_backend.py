@@ -373,7 +373,10 @@ class TorchAttentionBackend(AttentionBackend):
         kern.sync()
         assert key_cache.is_contiguous() and value_cache.is_contiguous()
         tables = meta.block_tables
-        fn = kern.prefill_fns["paged_prefill_bf16" if dt == torch.bfloat16 else "paged_prefill_f32"]
+        if dt == torch.bfloat16 and kern.prefill_amx is not None and head_dim % 32 == 0:
+            fn = kern.prefill_amx  # both products on AMX tiles (paged_prefill_amx.c)
+        else:
+            fn = kern.prefill_fns["paged_prefill_bf16" if dt == torch.bfloat16 else "paged_prefill_f32"]
         rc = fn(qn.data_ptr(), qn.stride(0), on.data_ptr(), on.stride(0),
                 key_cache.data_ptr(), value_cache.data_ptr(), tables.data_ptr(), tables.stride(0),
                 tp.q_start.data_ptr(), tp.seq_idx.data_ptr(), tp.q_lens.data_ptr(), tp.ctx_lens.data_ptr(),

@@ -4,17 +4,7 @@
 #include <string.h>
 #include "threads.h"
 #include "vec_math.h"
-#include <unistd.h>
-#include <sys/syscall.h>
-
-typedef struct {
-    uint8_t palette_id, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} __attribute__((packed)) tile_config;
-
-/* Linux hands out AMX state only to a process that asks (ARCH_REQ_XCOMP_PERM, XTILEDATA). */
-int amx_enable(void) { return syscall(SYS_arch_prctl, 0x1023, 18) == 0 ? 0 : -1; }
+#include "amx.h"
 
 /* W[n,k] row-major -> [n/32 panels][k/32][2 tiles][16 k-pairs][16 columns][2]: a panel is contiguous. */
 int amx_pack_bf16(const uint16_t *w, int64_t n, int64_t k, uint16_t *out) {
@@ -48,16 +38,7 @@ static inline void store_rows(const float *lo, const float *hi, int rows, int64_
     }
 }
 
-/* AMX tile state: a thread loads this configuration before its first tile instruction. Tiles:
-   tmm0-3 C (rows 0-15 / 16-31 x columns 0-15 / 16-31 of a panel), tmm4-5 A, tmm6-7 B. */
-static void amx_configure(void) {
-    tile_config cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.palette_id = 1;
-    for (int i = 0; i < 8; ++i) { cfg.rows[i] = 16; cfg.colsb[i] = 64; }
-    _tile_loadconfig(&cfg);
-}
-
+/* Tiles (amx.h): tmm0-3 C (rows 0-15 / 16-31 x columns 0-15 / 16-31 of a panel), tmm4-5 A, tmm6-7 B. */
 /* AMX's weights are fetched this far ahead (bytes of the panel) on the first row chunk, into L2
    (prefetcht0, 32 lines a k block, held the L1's miss buffers: decode-sized steps past the L3
    1.05-1.08x faster with T1 on a Xeon (Emerald Rapids)). */
