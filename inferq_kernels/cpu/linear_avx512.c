@@ -77,9 +77,6 @@ static inline void held_advance(amx_held *h, int n) {
     for (; n > 0 && h->next < h->rows; --n) held_row(h, h->next++);
 }
 
-/* One 32-row chunk of x (rows 16-31 only where rows > 16: a decode step of 1-16 rows runs two
-   tile products a k block, not four) times one panel, left in the C tiles (tmm0-1 rows 0-15,
-   tmm2-3 rows 16-31) for amx_save; each k block also finishes `per` rows of `held`. */
 /* A tile load, or with stream set one that hints the data will not be used again soon
    (tileloaddt1), so that it does not push the operand that is reused out of L1: in a prompt
    step of the plain kernel the panel (36 KB at k = 576) serves every chunk of a row block while
@@ -87,6 +84,10 @@ static inline void held_advance(amx_held *h, int n) {
    Rapids); in the fused gate/up kernel it is x's chunk that serves the gate and up panels
    (1.39 -> 1.49). Decode steps were level either way. */
 #define AMX_LOAD(stream, t, p, ld) do { if (stream) _tile_stream_loadd(t, p, ld); else _tile_loadd(t, p, ld); } while (0)
+
+/* One 32-row chunk of x (rows 16-31 only where rows > 16: a decode step of 1-16 rows runs two
+   tile products a k block, not four) times one panel, left in the C tiles (tmm0-1 rows 0-15,
+   tmm2-3 rows 16-31) for amx_save; each k block also finishes `per` rows of `held`. */
 static inline __attribute__((always_inline)) void amx_chunk(const uint16_t *xa, int64_t lda, int rows,
         const uint16_t *b, int64_t kb_n, int first, amx_held *held, int per, int stream_a, int stream_b) {
     const uint16_t *xb = xa + 16 * lda;
@@ -116,7 +117,7 @@ static inline void amx_save(int rows, float c[4][256]) {
 }
 
 /* x's rows past the last whole 32-row chunk, zero-padded to 32 rows (a tile reads 16 rows):
-   NULL where there is no tail; *pad_out = (void *)-1 where it could not be allocated. */
+   NULL where there is no tail, (uint16_t *)-1 where it could not be allocated. */
 static uint16_t *amx_tail(const uint16_t *x, int64_t ldx, int64_t m, int64_t k) {
     int64_t full = m / 32 * 32, tail = m - full;
     if (!tail) return 0;

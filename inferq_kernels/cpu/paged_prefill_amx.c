@@ -22,20 +22,24 @@
 
 #define MAX_D 256
 
+/* Key j's row of kv head h in the paged cache, or NULL past the n keys of the sequence. */
+static inline const uint16_t *cache_row(const uint16_t *cache, const int32_t *table, int64_t j, int64_t n,
+                                        int64_t h, int64_t d, int64_t bs, int64_t tok_stride) {
+    return j < n ? cache + ((int64_t)table[j / bs] * bs + j % bs) * tok_stride + h * d : 0;
+}
+
 /* K of keys [0, n) of one kv head in B-tile order: for each 16-key block and each 32-element
    slice of the head, 16 rows (element pairs) x 16 keys x 2. Keys past n are zeros. */
 static void pack_k(const uint16_t *kc, const int32_t *table, int64_t n, int64_t h, int64_t d, int64_t bs,
                    int64_t tok_stride, uint16_t *kt) {
     const int64_t blocks = (n + 15) / 16, slices = d / 32;
-    for (int64_t b = 0; b < blocks; ++b)
-        for (int t = 0; t < 16; ++t) {
-            const int64_t j = b * 16 + t;
-            const uint32_t *row = j < n ? (const uint32_t *)(kc + ((int64_t)table[j / bs] * bs + j % bs) * tok_stride + h * d) : 0;
-            for (int64_t s = 0; s < slices; ++s) {
-                uint32_t *tile = (uint32_t *)(kt + (b * slices + s) * 512);
-                for (int p = 0; p < 16; ++p) tile[p * 16 + t] = row ? row[s * 16 + p] : 0;
-            }
+    for (int64_t j = 0; j < blocks * 16; ++j) {
+        const uint32_t *row = (const uint32_t *)cache_row(kc, table, j, n, h, d, bs, tok_stride);
+        for (int64_t s = 0; s < slices; ++s) {
+            uint32_t *tile = (uint32_t *)(kt + (j / 16 * slices + s) * 512);
+            for (int p = 0; p < 16; ++p) tile[p * 16 + j % 16] = row ? row[s * 16 + p] : 0;
         }
+    }
 }
 
 /* V of keys [0, n) in B-tile order: for each 32-key block and each 16-element slice of the head,
@@ -43,23 +47,14 @@ static void pack_k(const uint16_t *kc, const int32_t *table, int64_t n, int64_t 
 static void pack_v(const uint16_t *vc, const int32_t *table, int64_t n, int64_t h, int64_t d, int64_t bs,
                    int64_t tok_stride, uint16_t *vt) {
     const int64_t blocks = (n + 31) / 32, slices = d / 16;
-    for (int64_t b = 0; b < blocks; ++b)
-        for (int t = 0; t < 32; ++t) {
-            const int64_t j = b * 32 + t;
-            const uint16_t *row = j < n ? vc + ((int64_t)table[j / bs] * bs + j % bs) * tok_stride + h * d : 0;
-            for (int64_t s = 0; s < slices; ++s) {
-                uint16_t *tile = vt + (b * slices + s) * 512;
-                for (int e = 0; e < 16; ++e) tile[(t / 2) * 32 + e * 2 + t % 2] = row ? row[s * 16 + e] : 0;
-            }
+    for (int64_t j = 0; j < blocks * 32; ++j) {
+        const uint16_t *row = cache_row(vc, table, j, n, h, d, bs, tok_stride);
+        const int t = (int)(j % 32);
+        for (int64_t s = 0; s < slices; ++s) {
+            uint16_t *tile = vt + (j / 32 * slices + s) * 512;
+            for (int e = 0; e < 16; ++e) tile[(t / 2) * 32 + e * 2 + t % 2] = row ? row[s * 16 + e] : 0;
         }
-}
-
-static inline uint16_t round_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
+    }
 }
 
 /* One work item: rows r0 .. r0 + 15 of chunk (ctx, q_len) for kv head h. kt/vt: the chunk's
