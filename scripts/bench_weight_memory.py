@@ -31,14 +31,14 @@ def main() -> int:
 
     torch.set_num_threads(1)
     from gpuworker import LLM
-    from gpuworker.models.weight_memory import held_bytes, one_copy_bytes
+    from gpuworker.models.weight_memory import held_bytes, kv_cache_bytes, one_copy_bytes
 
     before = rss_bytes()
     llm = LLM(dtype=args.dtype, kv_cache_memory=args.kv_mb << 20, prepack_weights=not args.no_prepack)
     gc.collect()
     after = rss_bytes()
     eng = llm.engine
-    kv = sum(t.numel() * t.element_size() for pair in eng.kv_caches for t in pair)
+    kv = kv_cache_bytes(eng)
     print(json.dumps({
         "dtype": args.dtype, "packing": getattr(eng.model, "packing", None),
         "rss_before_mb": round(before / 2**20), "rss_after_mb": round(after / 2**20),

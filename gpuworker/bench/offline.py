@@ -21,6 +21,7 @@ from typing import Callable
 
 import torch
 
+from gpuworker.bench.process_memory import SystemMemory, system_memory
 from gpuworker.bench.random_model_shapes import SHAPES
 
 
@@ -52,6 +53,7 @@ class Result:
     system: str
     seconds: list[float]
     output_tokens: int
+    memory: SystemMemory | None = None  # after its runs (inferq and vLLM only)
 
     @property
     def median_s(self) -> float:
@@ -179,6 +181,10 @@ def random_folder(args):
                                seed=args.random_model_seed, root=args.random_model_dir)
 
 
+def _gib(nbytes: int) -> str:
+    return f"{nbytes / 2**30:.2f}"
+
+
 def _longest(*workloads: Workload) -> int:
     """Tokens of the longest request (its warm-up makes up to 8 per prompt): vLLM's
     max_model_len, since a real model's 32k-128k context would not fit its KV cache space."""
@@ -196,6 +202,7 @@ def main(argv=None) -> int:
     torch.set_num_threads(args.threads)
     from gpuworker import LLM
     from gpuworker.models.loader import resolve_model_folder
+    from gpuworker.models.weight_memory import kv_cache_bytes, one_copy_bytes
 
     if args.random_model:
         if args.model:
@@ -242,25 +249,32 @@ def main(argv=None) -> int:
             vllm = start_vllm()
     run_inferq(llm, warm)
     ours_s, vllm_s = [], []
+    vllm_mem = None
     try:
         # Interleaved (inferq, vLLM, inferq, vLLM, ...): both see the same machine load.
         for _ in range(args.repeats):
             ours_s += timed(lambda: run_inferq(llm, wl), 1)
             if vllm is not None:
                 vllm_s.append(vllm.run())
+        ours_mem = system_memory(include_children=False)  # the engine lives in this process
+        print(f"  inferq memory: {ours_mem.describe()}; weights {_gib(one_copy_bytes(eng.model))} GiB, "
+              f"KV cache {_gib(kv_cache_bytes(eng))} GiB", flush=True)
         if start_vllm is not None and args.vllm_after_inferq:
             # One system in memory at a time (a model too large for both side by side).
             llm = eng = None
             gc.collect()
             vllm = start_vllm()
             vllm_s = [vllm.run() for _ in range(args.repeats)]
+        if vllm is not None:
+            vllm_mem = system_memory(vllm.proc.pid)
+            print(f"  vLLM memory: {vllm_mem.describe()}", flush=True)
     finally:
         if vllm is not None:
             vllm.close()
-    results = [Result("inferq", ours_s, wl.output_tokens)]
+    results = [Result("inferq", ours_s, wl.output_tokens, ours_mem)]
     print(f"  inferq: {results[-1].median_s:.1f} s {[round(x, 1) for x in ours_s]}", flush=True)
     if vllm is not None:
-        results.append(Result("vLLM LLM.generate", vllm_s, wl.output_tokens))
+        results.append(Result("vLLM LLM.generate", vllm_s, wl.output_tokens, vllm_mem))
         print(f"  {results[-1].system}: {results[-1].median_s:.1f} s {[round(x, 1) for x in vllm_s]}", flush=True)
     peers = [x for x in peers if x != "vllm"]
     if peers:
@@ -285,10 +299,11 @@ def main(argv=None) -> int:
 
     ours = results[0].tokens_per_s
     print()
-    print("| system | median wall s | output tok/s | inferq speed-up |")
-    print("| --- | ---: | ---: | ---: |")
+    print("| system | median wall s | output tok/s | inferq speed-up | resident GiB (PSS) | peak GiB |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
     for r in results:
-        print(f"| {r.system} | {r.median_s:.1f} | {r.tokens_per_s:.1f} | {ours / r.tokens_per_s:.2f}x |")
+        mem = (f"{_gib(r.memory.pss_bytes)} | {_gib(r.memory.peak_bytes)}" if r.memory else "- | -")
+        print(f"| {r.system} | {r.median_s:.1f} | {r.tokens_per_s:.1f} | {ours / r.tokens_per_s:.2f}x | {mem} |")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"args": vars(args), "results": [asdict(r) | {"tokens_per_s": r.tokens_per_s} for r in results]}, f, indent=2)

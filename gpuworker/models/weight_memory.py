@@ -26,3 +26,8 @@ def one_copy_bytes(model: nn.Module) -> int:
     (and buffers) once, as a checkpoint loads them, with nothing allocated."""
     fresh = type(model)(model.config, model.backend, model.dtype, device="meta")
     return held_bytes(fresh)
+
+
+def kv_cache_bytes(engine) -> int:
+    """Bytes of an engine's KV cache (every layer's K and V)."""
+    return sum(t.numel() * t.element_size() for pair in engine.kv_caches for t in pair)
