@@ -201,6 +201,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     from gpuworker import LLM
+    from gpuworker.engine import host_malloc
     from gpuworker.models.loader import resolve_model_folder
     from gpuworker.models.weight_memory import kv_cache_bytes, one_copy_bytes
 
@@ -249,33 +250,31 @@ def main(argv=None) -> int:
             vllm = start_vllm()
     run_inferq(llm, warm)
     ours_s, vllm_s = [], []
-    vllm_mem = None
     try:
         # Interleaved (inferq, vLLM, inferq, vLLM, ...): both see the same machine load.
         for _ in range(args.repeats):
             ours_s += timed(lambda: run_inferq(llm, wl), 1)
             if vllm is not None:
                 vllm_s.append(vllm.run())
-        ours_mem = system_memory(include_children=False)  # the engine lives in this process
-        print(f"  inferq memory: {ours_mem.describe()}; weights {_gib(one_copy_bytes(eng.model))} GiB, "
-              f"KV cache {_gib(kv_cache_bytes(eng))} GiB", flush=True)
+        mem = system_memory(include_children=False)  # the engine lives in this process
+        results = [Result("inferq", ours_s, wl.output_tokens, mem)]
+        print(f"  inferq: {results[-1].median_s:.1f} s {[round(x, 1) for x in ours_s]}; memory: {mem.describe()}; "
+              f"weights {_gib(one_copy_bytes(eng.model))} GiB, KV cache {_gib(kv_cache_bytes(eng))} GiB", flush=True)
         if start_vllm is not None and args.vllm_after_inferq:
             # One system in memory at a time (a model too large for both side by side).
             llm = eng = None
             gc.collect()
+            host_malloc.release_free_memory()  # the engine keeps freed memory for reuse: hand it back
             vllm = start_vllm()
             vllm_s = [vllm.run() for _ in range(args.repeats)]
         if vllm is not None:
-            vllm_mem = system_memory(vllm.proc.pid)
-            print(f"  vLLM memory: {vllm_mem.describe()}", flush=True)
+            mem = system_memory(vllm.proc.pid)
+            results.append(Result("vLLM LLM.generate", vllm_s, wl.output_tokens, mem))
+            print(f"  {results[-1].system}: {results[-1].median_s:.1f} s {[round(x, 1) for x in vllm_s]}; "
+                  f"memory: {mem.describe()}", flush=True)
     finally:
         if vllm is not None:
             vllm.close()
-    results = [Result("inferq", ours_s, wl.output_tokens, ours_mem)]
-    print(f"  inferq: {results[-1].median_s:.1f} s {[round(x, 1) for x in ours_s]}", flush=True)
-    if vllm is not None:
-        results.append(Result("vLLM LLM.generate", vllm_s, wl.output_tokens, vllm_mem))
-        print(f"  {results[-1].system}: {results[-1].median_s:.1f} s {[round(x, 1) for x in vllm_s]}", flush=True)
     peers = [x for x in peers if x != "vllm"]
     if peers:
         from transformers import AutoModelForCausalLM
