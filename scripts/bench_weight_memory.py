@@ -8,6 +8,7 @@ beside one plain copy of the weights and the KV cache's bytes. Prints one JSON l
 import argparse
 import gc
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -15,10 +16,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def rss_bytes() -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmRSS in /proc/self/status")
+    from gpuworker.bench.process_memory import proc_kib
+
+    return proc_kib(os.getpid(), "VmRSS") * 1024
 
 
 def main() -> int:

@@ -21,7 +21,7 @@ from typing import Callable
 
 import torch
 
-from gpuworker.bench.process_memory import SystemMemory, system_memory
+from gpuworker.bench.process_memory import SystemMemory, gib, system_memory
 from gpuworker.bench.random_model_shapes import SHAPES
 
 
@@ -181,10 +181,6 @@ def random_folder(args):
                                seed=args.random_model_seed, root=args.random_model_dir)
 
 
-def _gib(nbytes: int) -> str:
-    return f"{nbytes / 2**30:.2f}"
-
-
 def _longest(*workloads: Workload) -> int:
     """Tokens of the longest request (its warm-up makes up to 8 per prompt): vLLM's
     max_model_len, since a real model's 32k-128k context would not fit its KV cache space."""
@@ -259,7 +255,7 @@ def main(argv=None) -> int:
         mem = system_memory(include_children=False)  # the engine lives in this process
         results = [Result("inferq", ours_s, wl.output_tokens, mem)]
         print(f"  inferq: {results[-1].median_s:.1f} s {[round(x, 1) for x in ours_s]}; memory: {mem.describe()}; "
-              f"weights {_gib(one_copy_bytes(eng.model))} GiB, KV cache {_gib(kv_cache_bytes(eng))} GiB", flush=True)
+              f"weights {gib(one_copy_bytes(eng.model))} GiB, KV cache {gib(kv_cache_bytes(eng))} GiB", flush=True)
         if start_vllm is not None and args.vllm_after_inferq:
             # One system in memory at a time (a model too large for both side by side).
             llm = eng = None
@@ -301,7 +297,7 @@ def main(argv=None) -> int:
     print("| system | median wall s | output tok/s | inferq speed-up | resident GiB (PSS) | peak GiB |")
     print("| --- | ---: | ---: | ---: | ---: | ---: |")
     for r in results:
-        mem = (f"{_gib(r.memory.pss_bytes)} | {_gib(r.memory.peak_bytes)}" if r.memory else "- | -")
+        mem = (f"{gib(r.memory.pss_bytes)} | {gib(r.memory.peak_bytes)}" if r.memory else "- | -")
         print(f"| {r.system} | {r.median_s:.1f} | {r.tokens_per_s:.1f} | {ours / r.tokens_per_s:.2f}x | {mem} |")
     if args.json:
         with open(args.json, "w") as f:

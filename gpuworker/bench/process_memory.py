@@ -20,15 +20,21 @@ class SystemMemory:
     peak_bytes: int
 
     def describe(self) -> str:
-        return (f"{self.pss_bytes / 2**30:.2f} GiB resident (PSS, {self.processes} process"
-                f"{'es' if self.processes > 1 else ''}), peak {self.peak_bytes / 2**30:.2f} GiB")
+        return (f"{gib(self.pss_bytes)} GiB resident (PSS, {self.processes} process"
+                f"{'es' if self.processes > 1 else ''}), peak {gib(self.peak_bytes)} GiB")
 
 
-def _field_kib(path: Path, name: str) -> int:
-    for line in path.read_text().splitlines():
+def gib(nbytes: int) -> str:
+    return f"{nbytes / 2**30:.2f}"
+
+
+def proc_kib(pid: int, name: str, file: str = "status") -> int:
+    """A ``name: <n> kB`` line of /proc/<pid>/<file> (VmRSS, VmHWM; Pss in smaps_rollup).
+    OSError where the process is gone; LookupError where the file has no such line."""
+    for line in Path(f"/proc/{pid}/{file}").read_text().splitlines():
         if line.startswith(name + ":"):
             return int(line.split()[1])
-    raise RuntimeError(f"no {name} in {path}")
+    raise LookupError(f"no {name} in /proc/{pid}/{file}")
 
 
 def _children(pid: int) -> list[int]:
@@ -62,9 +68,9 @@ def system_memory(pid: int | None = None, *, include_children: bool = True) -> S
     pss = peak = n = 0
     for p in pids:
         try:
-            pss += _field_kib(Path(f"/proc/{p}/smaps_rollup"), "Pss") * 1024
-            peak += _field_kib(Path(f"/proc/{p}/status"), "VmHWM") * 1024
+            pss += proc_kib(p, "Pss", "smaps_rollup") * 1024
+            peak += proc_kib(p, "VmHWM") * 1024
             n += 1
-        except (FileNotFoundError, ProcessLookupError):  # it exited between the listing and the read
+        except OSError:  # it exited between the listing and the read
             pass
     return SystemMemory(n, pss, peak)

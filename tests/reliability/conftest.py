@@ -18,6 +18,7 @@ from typing import Optional
 import pytest
 import redis
 
+from gpuworker.bench.process_memory import proc_kib
 from schemas import keys
 from tests.conftest import RedisServer
 from tests.service.conftest import tiny_model, wait_for  # noqa: F401  (tiny_model is a fixture)
@@ -186,12 +187,9 @@ def pending_count(r: redis.Redis, model: str) -> int:
 
 def rss_kib(pid: int) -> Optional[int]:
     try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    except OSError:
+        return proc_kib(pid, "VmRSS")
+    except (OSError, LookupError):  # gone, or a zombie (no VmRSS line)
         return None
-    return None
 
 
 __all__ = ["Fleet", "ChaosStack", "SecureRedis", "MODEL", "wait_for", "reply_events", "pending_count", "rss_kib"]
