@@ -3,17 +3,17 @@
 __all__ = ["LLM", "LLMEngine", "EngineConfig"]
 
 
-def __getattr__(name):  # lazy: `import gpuworker.service...` should not load torch twice over
+def __getattr__(name):  # lazy: `import inferq.gpuworker.service...` should not load torch twice over
     if name == "LLM":
-        from gpuworker.llm import LLM
+        from inferq.gpuworker.llm import LLM
 
         return LLM
     if name == "LLMEngine":
-        from gpuworker.engine.llm_engine import LLMEngine
+        from inferq.gpuworker.engine.llm_engine import LLMEngine
 
         return LLMEngine
     if name == "EngineConfig":
-        from gpuworker.config import EngineConfig
+        from inferq.gpuworker.config import EngineConfig
 
         return EngineConfig
     raise AttributeError(name)

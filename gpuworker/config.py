@@ -16,7 +16,7 @@ def cpu_bf16_support() -> Optional[str]:
     """The CPU feature that makes bfloat16 matmuls fast here ("amx_bf16" or
     "avx512_bf16"), or None. Read from /proc/cpuinfo (Linux); without it (other
     systems) None, so they fall back to float32."""
-    from gpuworker.attention import cpu_kernels  # the one reader of /proc/cpuinfo
+    from inferq.gpuworker.attention import cpu_kernels  # the one reader of /proc/cpuinfo
 
     return next((f for f in ("amx_bf16", "avx512_bf16") if cpu_kernels.cpu_has(f)), None)
 
@@ -79,7 +79,7 @@ class EngineConfig:
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError("gpu_memory_utilization must be in (0, 1]")
         if self.speculative is not None:
-            from gpuworker.engine.speculative.config import SpeculativeConfig
+            from inferq.gpuworker.engine.speculative.config import SpeculativeConfig
 
             self.speculative = SpeculativeConfig.parse(self.speculative)  # a clear error at construction
 

@@ -3,10 +3,10 @@ from __future__ import annotations
 
 from typing import Optional, Sequence, Union
 
-from gpuworker.config import EngineConfig
-from gpuworker.engine.llm_engine import LLMEngine
-from gpuworker.engine.outputs import CompletionOutput
-from schemas import SamplingParams
+from inferq.gpuworker.config import EngineConfig
+from inferq.gpuworker.engine.llm_engine import LLMEngine
+from inferq.gpuworker.engine.outputs import CompletionOutput
+from inferq.schemas import SamplingParams
 
 Prompt = Union[str, list[int]]
 

@@ -1,7 +1,7 @@
 """The `inferq` command line: argument parsing and dispatch only.
 
 Each command's work lives next to what it drives (inferq.up, inferq.doctor,
-inferq.cli_jobs, inferq.cli_queue, producer.gateway.cli). Heavy imports (torch, the worker,
+inferq.cli_jobs, inferq.cli_queue, inferq.producer.gateway.cli). Heavy imports (torch, the worker,
 uvicorn) happen inside the command that needs them.
 """
 from __future__ import annotations
@@ -48,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     w = sub.add_parser("worker", help="run a GPU/CPU worker (all arguments go to the worker)", add_help=False)
     w.add_argument("args", nargs=argparse.REMAINDER)
 
-    from producer.gateway.cli import add_arguments as add_gateway_arguments
+    from inferq.producer.gateway.cli import add_arguments as add_gateway_arguments
 
     add_gateway_arguments(sub.add_parser("gateway", help="run the OpenAI-compatible HTTP gateway"))
 
@@ -96,7 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_batch_arguments(sub.add_parser("batch", help="OpenAI Batch API of a gateway: submit, status, download, cancel"))
 
-    # Listed for --help only: main() hands `bench ...` to inferq.bench_cli untouched.
+    # Listed for --help only: main() hands `bench ...` to inferq.bench.cli untouched.
     sub.add_parser("bench", help="benchmarks: serve (load-test a running inferq), modes, offline", add_help=False)
     return parser
 
@@ -108,9 +108,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         from inferq.cli_jobs import run_worker
 
         return run_worker(argv[1:])
-    # `inferq bench serve|modes|offline ...` has its own parser (modes/offline pass through to gpuworker.bench).
+    # `inferq bench serve|modes|offline ...` has its own parser (modes/offline pass through to inferq.bench).
     if argv and argv[0] == "bench":
-        from inferq.bench_cli import main as bench_main
+        from inferq.bench.cli import main as bench_main
 
         return bench_main(argv[1:])
     parser = build_parser()
@@ -131,7 +131,7 @@ def _dispatch(args, parser) -> int:
 
         return run_up(UpOptions.from_args(args))
     if cmd == "gateway":
-        from producer.gateway.cli import run as run_gateway
+        from inferq.producer.gateway.cli import run as run_gateway
 
         return run_gateway(args)
     if cmd in ("submit", "stream", "cancel"):

@@ -40,7 +40,7 @@ def _line(b: dict) -> str:
 
 
 def cmd_batch(args) -> int:
-    from producer.batch import BatchClient, BatchError
+    from inferq.producer.batch import BatchClient, BatchError
 
     try:
         import httpx

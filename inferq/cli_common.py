@@ -16,8 +16,8 @@ def friendly_errors(fn):
     def wrapper(*a, **kw):
         import redis
 
-        from producer.errors import InferqError
-        from producer.settings import ProducerSettings
+        from inferq.producer.errors import InferqError
+        from inferq.producer.settings import ProducerSettings
 
         try:
             return fn(*a, **kw)
@@ -37,6 +37,6 @@ def friendly_errors(fn):
 
 
 def producer():
-    from producer import Producer
+    from inferq.producer import Producer
 
     return Producer()

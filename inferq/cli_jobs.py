@@ -11,7 +11,7 @@ from inferq.cli_common import err, friendly_errors, out, producer
 def run_worker(argv: list[str]) -> int:
     """`inferq worker ...`: the worker's own CLI (imports torch, so only here)."""
     try:
-        from gpuworker.service.cli import main as worker_main
+        from inferq.gpuworker.service.cli import main as worker_main
     except ImportError as e:
         err.print(f"[red]error:[/red] the worker needs the worker extra (torch etc.): pip install 'inferq[worker]' ({e})")
         return 1

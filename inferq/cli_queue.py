@@ -6,11 +6,11 @@ import time
 
 from rich.table import Table
 
-from schemas import keys
-from schemas.records import DeadLetter
-from schemas.text import as_str
+from inferq.schemas import keys
+from inferq.schemas.records import DeadLetter
+from inferq.schemas.text import as_str
 from inferq.cli_common import err, friendly_errors, out, producer
-from producer.queue_stats import all_stats, discover_models
+from inferq.producer.queue_stats import all_stats, discover_models
 
 
 @friendly_errors
@@ -59,7 +59,7 @@ def cmd_status(args) -> int:
 
 
 def _dlqs(model):
-    from producer.dlq import streams
+    from inferq.producer.dlq import streams
 
     return streams(model)
 
@@ -131,8 +131,8 @@ def cmd_dlq(args) -> int:
 def _retry(p, models, wanted: set[str], everything: bool) -> int:
     """Requeue under the same job id (producer/dlq.py: through admission, so a
     refusal leaves the DLQ entry and records intact)."""
-    from producer import dlq as dead_letters
-    from producer.admission import ADMISSION_LUA
+    from inferq.producer import dlq as dead_letters
+    from inferq.producer.admission import ADMISSION_LUA
 
     admit = p.redis.register_script(ADMISSION_LUA)
     from rich.progress import track

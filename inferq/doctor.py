@@ -8,7 +8,7 @@ import os
 import time
 import urllib.request
 
-from producer.engine_limits import Finding, Report, Sample, diagnose, parse_metrics  # noqa: F401 (re-exported)
+from inferq.producer.engine_limits import Finding, Report, Sample, diagnose, parse_metrics  # noqa: F401 (re-exported)
 
 
 def fetch(url: str, timeout: float = 5.0) -> str:
@@ -58,9 +58,9 @@ def cmd_doctor(args) -> int:
 def redis_warnings() -> list[str]:
     """The queue's Redis (INFERQ_REDIS_URL, or the master the sentinels name)
     checked for eviction, persistence and the replicas WAIT asks for."""
-    from schemas.redis_checks import queue_warnings, replication_warnings
-    from schemas.connection import sync_client
-    from producer.settings import ProducerSettings
+    from inferq.schemas.redis_checks import queue_warnings, replication_warnings
+    from inferq.schemas.connection import sync_client
+    from inferq.producer.settings import ProducerSettings
 
     s = ProducerSettings()
     r = sync_client(s)  # in sentinel mode: the current master

@@ -20,9 +20,9 @@ from typing import Optional
 
 from rich.console import Console
 
-from schemas import keys
-from schemas.connection import RedisSettings, redact_url, sync_client
-from schemas.policy import QueuePolicy
+from inferq.schemas import keys
+from inferq.schemas.connection import RedisSettings, redact_url, sync_client
+from inferq.schemas.policy import QueuePolicy
 from inferq.embedded_redis import EmbeddedRedis, EmbeddedRedisError, free_port, port_is_free, stored_password
 from inferq.processes import terminate
 
@@ -173,7 +173,7 @@ class Supervisor:
             env["INFERQ_SERVED_MODEL_NAME"] = self.opts.served_model_name
         if self.opts.device:
             env["INFERQ_DEVICE"] = self.opts.device
-        args = [sys.executable, "-m", "gpuworker.service", *self.opts.worker_args]
+        args = [sys.executable, "-m", "inferq.gpuworker.service", *self.opts.worker_args]
         self.worker = Child("worker", args, env, self.log_dir / "worker.log")
 
     def start_gateway(self, port: int) -> None:
@@ -186,7 +186,7 @@ class Supervisor:
         env.setdefault("INFERQ_GATEWAY_MODELS", self.model)
         if self.opts.api_keys is not None:
             env["INFERQ_GATEWAY_API_KEYS"] = self.opts.api_keys
-        args = [sys.executable, "-m", "producer.gateway", "--host", self.opts.host, "--port", str(port)]
+        args = [sys.executable, "-m", "inferq.producer.gateway", "--host", self.opts.host, "--port", str(port)]
         self.gateway = Child("gateway", args, env, self.log_dir / "gateway.log")
 
     # -- readiness ------------------------------------------------------

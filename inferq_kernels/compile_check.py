@@ -1,4 +1,4 @@
-"""Compile every kernel for an NVIDIA GPU without one: ``python -m inferq_kernels.compile_check``.
+"""Compile every kernel for an NVIDIA GPU without one: ``python -m inferq.kernels.compile_check``.
 
 Triton's compiler and ``ptxas`` (bundled with the triton wheel) run on any
 Linux machine, so CPU-only CI can prove the compiled path builds: Python AST
@@ -58,7 +58,7 @@ def _meta(shape, dtype) -> torch.Tensor:
 
 
 def attention_variant(dtype, num_heads, num_kv_heads, head_dim, block_size, max_query_len, num_kv_splits):
-    from inferq_kernels.unified_attention import LAUNCH_OPTIONS, _unified_attention_kernel, kernel_constants
+    from inferq.kernels.unified_attention import LAUNCH_OPTIONS, _unified_attention_kernel, kernel_constants
 
     const = kernel_constants(dtype, "cuda", num_heads, num_kv_heads, head_dim, block_size, max_query_len, num_kv_splits)
     q = _meta((64, num_heads, head_dim), dtype)
@@ -85,7 +85,7 @@ def attention_variant(dtype, num_heads, num_kv_heads, head_dim, block_size, max_
 def merge_variant(dtype, num_heads, head_dim, num_kv_splits):
     import triton
 
-    from inferq_kernels.split_k_decode import MERGE_LAUNCH_OPTIONS, _merge_kv_splits_kernel, merge_constants
+    from inferq.kernels.split_k_decode import MERGE_LAUNCH_OPTIONS, _merge_kv_splits_kernel, merge_constants
 
     const = merge_constants(num_kv_splits, head_dim, max(16, triton.next_power_of_2(head_dim)))
     out = _meta((64, num_heads, head_dim), dtype)
@@ -99,7 +99,7 @@ def merge_variant(dtype, num_heads, head_dim, num_kv_splits):
 
 
 def cache_write_variant(dtype, num_kv_heads, head_dim, block_size):
-    from inferq_kernels.reshape_and_cache import CACHE_WRITE_LAUNCH_OPTIONS, _reshape_and_cache_kernel, cache_write_constants
+    from inferq.kernels.reshape_and_cache import CACHE_WRITE_LAUNCH_OPTIONS, _reshape_and_cache_kernel, cache_write_constants
 
     key = _meta((64, num_kv_heads, head_dim), dtype)
     cache = _meta((100, block_size, num_kv_heads, head_dim), dtype)

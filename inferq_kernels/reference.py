@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from inferq_kernels.checks import check_reshape_and_cache, check_unified_attention
+from inferq.kernels.checks import check_reshape_and_cache, check_unified_attention
 
 
 def reshape_and_cache(

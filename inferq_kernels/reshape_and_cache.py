@@ -14,8 +14,8 @@ import torch
 import triton
 import triton.language as tl
 
-from inferq_kernels.checks import check_reshape_and_cache
-from inferq_kernels.runtime import check_launchable
+from inferq.kernels.checks import check_reshape_and_cache
+from inferq.kernels.runtime import check_launchable
 
 
 @triton.jit

@@ -19,7 +19,7 @@ def check_launchable(kernel, tensor: torch.Tensor) -> None:
     if tensor.device.type == "cpu" and not is_interpreted(kernel):
         raise RuntimeError(
             "Triton kernels run on CPU only under the interpreter: set TRITON_INTERPRET=1 in the "
-            "environment before importing kernels.* / gpuworker.attention.triton_backend "
+            "environment before importing kernels.* / inferq.gpuworker.attention.triton_backend "
             "(or use the 'torch' attention backend on CPU)"
         )
     if tensor.device.type not in ("cpu", "cuda"):

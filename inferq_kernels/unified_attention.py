@@ -28,9 +28,9 @@ import torch
 import triton
 import triton.language as tl
 
-from inferq_kernels.checks import check_unified_attention
-from inferq_kernels.runtime import check_launchable, num_compute_units
-from inferq_kernels.split_k_decode import choose_num_kv_splits, merge_kv_splits
+from inferq.kernels.checks import check_unified_attention
+from inferq.kernels.runtime import check_launchable, num_compute_units
+from inferq.kernels.split_k_decode import choose_num_kv_splits, merge_kv_splits
 
 
 @triton.jit
@@ -216,7 +216,7 @@ def unified_attention(
 ) -> torch.Tensor:
     """Causal attention of each sequence's new tokens over its whole cached sequence.
 
-    Same contract as ``inferq_kernels.reference.unified_attention``: sequence ``i``'s
+    Same contract as ``inferq.kernels.reference.unified_attention``: sequence ``i``'s
     rows ``query_start_loc[i]:query_start_loc[i+1]`` are its last tokens and
     their K/V are already in the cache. Rows past ``query_start_loc[B]`` are
     left untouched. Nothing is read back to the host, so a call can be captured

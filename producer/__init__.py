@@ -1,10 +1,10 @@
 """inferq producer SDK: enqueue generation jobs and stream their replies.
 
-Needs only Redis and pydantic (no torch). See producer.client for an example.
+Needs only Redis and pydantic (no torch). See inferq.producer.client for an example.
 """
-from producer.async_client import AsyncJobHandle, AsyncProducer
-from producer.client import JobHandle, JobResult, Producer
-from producer.errors import (
+from inferq.producer.async_client import AsyncJobHandle, AsyncProducer
+from inferq.producer.client import JobHandle, JobResult, Producer
+from inferq.producer.errors import (
     InferqError,
     JobFailed,
     JobNotFound,
@@ -13,8 +13,8 @@ from producer.errors import (
     QueueUnavailable,
     RateLimited,
 )
-from producer.settings import ProducerSettings
-from schemas.connection import RedisSettings
+from inferq.producer.settings import ProducerSettings
+from inferq.schemas.connection import RedisSettings
 
 __all__ = [
     "Producer",

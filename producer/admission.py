@@ -7,19 +7,19 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Optional
 
-from schemas import QueuedEvent, encode_event, keys, records
-from schemas.job import Job, new_job_id
-from schemas.queues import Lane, lane_of
-from schemas.redis_errors import REFUSING_WRITES, UNAVAILABLE, is_cluster_client
-from schemas.text import as_str
+from inferq.schemas import QueuedEvent, encode_event, keys, records
+from inferq.schemas.job import Job, new_job_id
+from inferq.schemas.queues import Lane, lane_of
+from inferq.schemas.redis_errors import REFUSING_WRITES, UNAVAILABLE, is_cluster_client
+from inferq.schemas.text import as_str
 
 import redis.exceptions
 
-from producer import affinity
-from producer.errors import QueueFull, QueueUnavailable, RateLimited
-from producer.settings import ProducerSettings
+from inferq.producer import affinity
+from inferq.producer.errors import QueueFull, QueueUnavailable, RateLimited
+from inferq.producer.settings import ProducerSettings
 
-ADMISSION_LUA = resources.files("producer").joinpath("admission.lua").read_text(encoding="utf-8")
+ADMISSION_LUA = resources.files("inferq.producer").joinpath("admission.lua").read_text(encoding="utf-8")
 
 
 @dataclass

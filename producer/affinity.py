@@ -13,11 +13,11 @@ from __future__ import annotations
 import hashlib
 from typing import Optional
 
-from schemas import keys
-from schemas.job import Job
-from schemas.text import as_str
+from inferq.schemas import keys
+from inferq.schemas.job import Job
+from inferq.schemas.text import as_str
 
-from producer.settings import ProducerSettings
+from inferq.producer.settings import ProducerSettings
 
 
 def _prompt_text(job: Job) -> str:

@@ -12,16 +12,16 @@ from __future__ import annotations
 import time
 from typing import Any, AsyncIterator, Optional
 
-from schemas import keys, transitions
-from schemas.follower import afollow
-from schemas.queues import alanes_of
-from schemas.text import as_str
+from inferq.schemas import keys, transitions
+from inferq.schemas.follower import afollow
+from inferq.schemas.queues import alanes_of
+from inferq.schemas.text import as_str
 
-from producer.admission import ADMISSION_LUA, aadmit
-from producer.client import JobResult, ResultBuilder, TextFollower, build_job, follow_plan, parse_status, resolve_settings
-from producer.errors import JobNotFound
-from producer.settings import ProducerSettings
-from schemas.connection import async_client
+from inferq.producer.admission import ADMISSION_LUA, aadmit
+from inferq.producer.client import JobResult, ResultBuilder, TextFollower, build_job, follow_plan, parse_status, resolve_settings
+from inferq.producer.errors import JobNotFound
+from inferq.producer.settings import ProducerSettings
+from inferq.schemas.connection import async_client
 
 
 class AsyncJobHandle:

@@ -11,8 +11,8 @@ Redis transport cannot use a Redis Cluster, so the broker (and, by default, the
 result backend) is a separate standalone or Sentinel Redis; the tasks still
 reach the queue itself through the cluster.
 
-    celery -A producer.celery_app worker --loglevel=info
-    celery -A producer.celery_app beat --loglevel=info
+    celery -A inferq.producer.celery_app worker --loglevel=info
+    celery -A inferq.producer.celery_app beat --loglevel=info
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from urllib.parse import quote, urlparse
 from celery import Celery
 from pydantic import Field
 
-from producer.settings import ProducerSettings
+from inferq.producer.settings import ProducerSettings
 
 
 class CelerySettings(ProducerSettings):
@@ -84,7 +84,7 @@ def make_celery() -> Celery:
     s = CelerySettings()
     broker = broker_url(s)
     backend = s.celery_result_backend or broker
-    app = Celery("inferq", broker=broker, backend=backend, include=["producer.celery_tasks"])
+    app = Celery("inferq", broker=broker, backend=backend, include=["inferq.producer.celery_tasks"])
     app.conf.update(
         task_serializer="json", result_serializer="json", accept_content=["json"],
         # A task is acked only after it returns: a worker lost mid-task leaves it

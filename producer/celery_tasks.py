@@ -1,6 +1,6 @@
 """Celery tasks: `generate`, `generate_many`, and beat maintenance.
 
-    from producer.celery_tasks import generate, generate_many
+    from inferq.producer.celery_tasks import generate, generate_many
     generate.delay("Hello", sampling={"max_tokens": 32}).get()
     generate_many.delay([{"prompt": "a"}, {"messages": [...]}], sampling={...}).get()
 
@@ -17,8 +17,8 @@ from celery import chord
 from celery.utils.log import get_task_logger
 from pydantic import ValidationError
 
-from producer.celery_app import app
-from producer.errors import QueueFull, RateLimited
+from inferq.producer.celery_app import app
+from inferq.producer.errors import QueueFull, RateLimited
 
 log = get_task_logger(__name__)
 
@@ -26,7 +26,7 @@ log = get_task_logger(__name__)
 @functools.lru_cache(maxsize=1)
 def _producer():
     # One per Celery worker process (forked children build their own).
-    from producer import Producer
+    from inferq.producer import Producer
 
     return Producer()
 
@@ -95,7 +95,7 @@ def generate_many(self, items: list[dict], **common: Any):
 # -- beat maintenance -----------------------------------------------------------
 @app.task(name="inferq.maintain_queues")
 def maintain_queues() -> dict:
-    from producer.maintenance import run_all
+    from inferq.producer.maintenance import run_all
 
     report = run_all(_redis())
     log.info("inferq maintenance: %s", report)
@@ -104,14 +104,14 @@ def maintain_queues() -> dict:
 
 @app.task(name="inferq.expire_replies")
 def expire_replies() -> int:
-    from producer.maintenance import MaintenanceSettings, expire_finished_replies
+    from inferq.producer.maintenance import MaintenanceSettings, expire_finished_replies
 
     return expire_finished_replies(_redis(), MaintenanceSettings())
 
 
 @app.task(name="inferq.export_queue_stats")
 def export_queue_stats() -> list:
-    from producer.maintenance import MaintenanceSettings, export_stats
+    from inferq.producer.maintenance import MaintenanceSettings, export_stats
 
     stats = export_stats(_redis(), MaintenanceSettings())
     for st in stats:

@@ -1,6 +1,6 @@
 """Synchronous producer SDK: submit jobs, stream their replies, cancel them.
 
-    from producer import Producer
+    from inferq.producer import Producer
     p = Producer()                                  # INFERQ_REDIS_URL or redis://127.0.0.1:6379/0
     h = p.submit("Tell me a joke", sampling={"max_tokens": 64, "temperature": 0})
     for piece in h.text():
@@ -17,17 +17,17 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Optional, Union
 
-from schemas import SamplingParams, Timings, Usage, keys, records, transitions
-from schemas.fold import Assembly, Choice
-from schemas.queues import lanes_of
-from schemas.follower import Follow, follow
-from schemas.job import ChatMessage, Job
-from schemas.text import as_str
+from inferq.schemas import SamplingParams, Timings, Usage, keys, records, transitions
+from inferq.schemas.fold import Assembly, Choice
+from inferq.schemas.queues import lanes_of
+from inferq.schemas.follower import Follow, follow
+from inferq.schemas.job import ChatMessage, Job
+from inferq.schemas.text import as_str
 
-from producer.admission import ADMISSION_LUA, admit
-from producer.errors import JobFailed, JobNotFound, JobRestarted
-from producer.settings import ProducerSettings
-from schemas.connection import sync_client
+from inferq.producer.admission import ADMISSION_LUA, admit
+from inferq.producer.errors import JobFailed, JobNotFound, JobRestarted
+from inferq.producer.settings import ProducerSettings
+from inferq.schemas.connection import sync_client
 
 _IDEM_RE = re.compile(r"^[\x21-\x7e]{1,200}$")  # printable ASCII, no spaces
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from typing import Optional
 
-from schemas import Job, keys
-from schemas.records import DeadLetter
-from schemas.text import as_str
-from producer.errors import InferqError
+from inferq.schemas import Job, keys
+from inferq.schemas.records import DeadLetter
+from inferq.schemas.text import as_str
+from inferq.producer.errors import InferqError
 
 
 class NotRequeued(Exception):
@@ -54,7 +54,7 @@ def requeue(r, script, settings, stream: str, dlq_id: str, fields: dict) -> str:
     """Run one dead letter again under its job id (a fresh reply stream, so
     clients polling the job see it queued again); returns the job id or raises
     NotRequeued with the reason."""
-    from producer.admission import admit
+    from inferq.producer.admission import admit
 
     payload = fields.get("job", "")
     if '"redacted": true' in payload:

@@ -22,13 +22,13 @@ from typing import Optional
 
 from pydantic import Field
 
-from schemas import ErrorEvent, encode_event, keys, records, transitions
-from schemas.job import job_payload
-from schemas.policy import QueuePolicy
-from schemas.queues import Lane, lanes_of
-from schemas.text import as_str
-from schemas.events import TERMINAL_TYPES
-from producer.queue_stats import all_stats, discover_models
+from inferq.schemas import ErrorEvent, encode_event, keys, records, transitions
+from inferq.schemas.job import job_payload
+from inferq.schemas.policy import QueuePolicy
+from inferq.schemas.queues import Lane, lanes_of
+from inferq.schemas.text import as_str
+from inferq.schemas.events import TERMINAL_TYPES
+from inferq.producer.queue_stats import all_stats, discover_models
 
 
 class MaintenanceSettings(QueuePolicy):

@@ -13,9 +13,9 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
-from schemas import keys
-from schemas.queues import Lane, lanes_of, models_of_keys
-from schemas.text import as_str
+from inferq.schemas import keys
+from inferq.schemas.queues import Lane, lanes_of, models_of_keys
+from inferq.schemas.text import as_str
 
 
 def discover_models(r) -> list[str]:

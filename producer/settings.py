@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pydantic import Field, model_validator
 
-from schemas import keys
-from schemas.policy import QueuePolicy
+from inferq.schemas import keys
+from inferq.schemas.policy import QueuePolicy
 
 
 class ProducerSettings(QueuePolicy):

@@ -3,10 +3,10 @@
 Everything that crosses Redis or HTTP is defined here, so both sides validate
 the same way.
 """
-from schemas.sampling import SamplingParams
-from schemas.structured import StructuredOutputs
-from schemas.job import ChatMessage, Job
-from schemas.events import (
+from inferq.schemas.sampling import SamplingParams
+from inferq.schemas.structured import StructuredOutputs
+from inferq.schemas.job import ChatMessage, Job
+from inferq.schemas.events import (
     DeltaEvent,
     DoneEvent,
     ErrorEvent,
@@ -19,7 +19,7 @@ from schemas.events import (
     decode_event,
     encode_event,
 )
-from schemas import keys
+from inferq.schemas import keys
 
 __all__ = [
     "SamplingParams",

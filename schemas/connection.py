@@ -58,7 +58,7 @@ class RedisSettings(BaseSettings):
     # Cluster: the seeds are in INFERQ_REDIS_URL (see the module docstring).
     # redis-py retries at once, each time after reloading the slot map; a
     # failover takes longer than that, so keep this small and let the callers'
-    # back-off loops (schemas.redis_errors.TRANSIENT) wait out the rest.
+    # back-off loops (inferq.schemas.redis_errors.TRANSIENT) wait out the rest.
     redis_cluster_retries: int = Field(3, ge=0, le=100, description="cluster mode: retries inside redis-py after a connection error, CLUSTERDOWN or uncovered slot (each after a slot-map refresh)")
 
     @model_validator(mode="after")

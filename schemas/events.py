@@ -12,7 +12,7 @@ from typing import Annotated, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
-from schemas.text import as_str
+from inferq.schemas.text import as_str
 
 
 class _Event(BaseModel):

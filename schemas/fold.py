@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from schemas.events import TERMINAL_TYPES, DoneEvent
+from inferq.schemas.events import TERMINAL_TYPES, DoneEvent
 
 
 class ReplyGap(Exception):

@@ -13,10 +13,10 @@ import time
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable, Iterator, Optional
 
-from schemas.events import decode_event
-from schemas.fold import ReplyFilter, is_final
-from schemas.redis_errors import UNAVAILABLE
-from schemas.text import as_str
+from inferq.schemas.events import decode_event
+from inferq.schemas.fold import ReplyFilter, is_final
+from inferq.schemas.redis_errors import UNAVAILABLE
+from inferq.schemas.text import as_str
 
 
 class Cursor:

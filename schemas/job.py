@@ -8,7 +8,7 @@ from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from schemas.sampling import SamplingParams, require_utf8
+from inferq.schemas.sampling import SamplingParams, require_utf8
 
 MAX_PROMPT_CHARS = 1_000_000
 MAX_METADATA_BYTES = 16_384

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from schemas.connection import RedisSettings
+from inferq.schemas.connection import RedisSettings
 
 
 class QueuePolicy(RedisSettings):

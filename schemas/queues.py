@@ -17,8 +17,8 @@ import json
 from dataclasses import dataclass
 from typing import Iterable
 
-from schemas import keys
-from schemas.text import as_str
+from inferq.schemas import keys
+from inferq.schemas.text import as_str
 
 
 @dataclass(frozen=True, order=True)

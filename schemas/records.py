@@ -3,7 +3,7 @@
 - job-info hash ``inferq:job:{id}``: status, model, tenant, attempt, timestamps,
   usage or error. Admission creates it (its fields come from ``info_queued``;
   the Lua script adds ``entry_id``); after that only the fenced scripts of
-  ``schemas.transitions`` change it (attempt, ``info_running``, ``info_done``,
+  ``inferq.schemas.transitions`` change it (attempt, ``info_running``, ``info_done``,
   ``info_error``); ``parse_info`` reads it.
 - DLQ entry on ``inferq:dlq:{model}``: ``DeadLetter``; ``transitions.fail``
   writes it, ``DeadLetter.from_fields`` reads it.
@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Optional
 
-from schemas.text import as_str
+from inferq.schemas.text import as_str
 
 # Statuses of the job-info hash.
 QUEUED, RUNNING, DONE, ERROR, CANCELLED = "queued", "running", "done", "error", "cancelled"

@@ -5,7 +5,7 @@ from typing import Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from schemas.structured import StructuredOutputs
+from inferq.schemas.structured import StructuredOutputs
 
 def require_utf8(text: str, what: str) -> None:
     """Everything travels as UTF-8 (Redis, JSON): a lone surrogate such as

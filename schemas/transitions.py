@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from schemas import keys
-from schemas.lua import source
-from schemas.records import DeadLetter
+from inferq.schemas import keys
+from inferq.schemas.lua import source
+from inferq.schemas.records import DeadLetter
 
 DONE, REFUSED, ALREADY_DONE = 1, 0, 2
 

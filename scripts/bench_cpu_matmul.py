@@ -19,9 +19,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from gpuworker.bench.offline import warm_median_s as median_s  # noqa: E402
-from gpuworker.engine import host_malloc  # noqa: E402
-from gpuworker.models import cpu_linear  # noqa: E402
+from inferq.bench.offline import warm_median_s as median_s  # noqa: E402
+from inferq.gpuworker.engine import host_malloc  # noqa: E402
+from inferq.gpuworker.models import cpu_linear  # noqa: E402
 
 SHAPES = {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down": (576, 1536), "lm_head": (49152, 576)}
 SHAPES_BY_MODEL = {  # (shapes, layers)

@@ -19,7 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
-from gpuworker.attention.torch_backend import TorchAttentionBackend  # noqa: E402
+from inferq.gpuworker.attention.torch_backend import TorchAttentionBackend  # noqa: E402
 from tests.models.paged import build_metadata  # noqa: E402  (the test suite's step builder)
 
 BS, HQ, HK, D = 16, 9, 3, 64

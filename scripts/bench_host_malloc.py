@@ -19,8 +19,8 @@ ROOT = Path(__file__).resolve().parents[1]
 RUN = r"""
 import json, resource, sys, time, torch
 torch.set_num_threads(1)
-from gpuworker import LLM
-from gpuworker.bench.offline import make_workload, run_inferq
+from inferq.gpuworker import LLM
+from inferq.bench.offline import make_workload, run_inferq
 a = json.loads(sys.argv[1])
 llm = LLM(dtype=a["dtype"], max_num_batched_tokens=2048, enable_prefix_caching=False)
 vocab = llm.engine.model_config.vocab_size

@@ -1,6 +1,6 @@
 """Queue lanes on real processes: priority classes, fair share between tenants,
 prefix affinity. Each part starts its own worker processes (``python -m
-gpuworker.service``, bundled SmolLM2-135M-Instruct unless ``--model``) on a
+inferq.gpuworker.service``, bundled SmolLM2-135M-Instruct unless ``--model``) on a
 private redis-server and drives them through the producer SDK.
 
     python scripts/bench_lanes.py --part all --json docs/bench/lanes.json
@@ -56,10 +56,10 @@ sys.path.insert(0, str(REPO))
 
 import redis  # noqa: E402
 
-from producer import Producer  # noqa: E402
-from producer.queue_stats import lane_stats  # noqa: E402
-from schemas import keys  # noqa: E402
-from schemas.queues import Lane, lanes_of  # noqa: E402
+from inferq.producer import Producer  # noqa: E402
+from inferq.producer.queue_stats import lane_stats  # noqa: E402
+from inferq.schemas import keys  # noqa: E402
+from inferq.schemas.queues import Lane, lanes_of  # noqa: E402
 
 VOCAB_LO, VOCAB_HI = 200, 49000  # SmolLM2 vocabulary is 49152; stay clear of special ids
 GREEDY = {"temperature": 0.0, "ignore_eos": True}
@@ -151,14 +151,14 @@ def _pings(r) -> bool:
 
 
 class WorkerProc:
-    """``python -m gpuworker.service`` with its log in a file and /metrics on a free port."""
+    """``python -m inferq.gpuworker.service`` with its log in a file and /metrics on a free port."""
 
     def __init__(self, args: argparse.Namespace, redis_url: str, served: str, worker_id: str, log_dir: Path,
                  *extra: str):
         self.redis_url, self.served, self.worker_id = redis_url, served, worker_id
         self.metrics_port = free_port()
         self.log_path = log_dir / f"worker-{served}-{worker_id}.log"
-        cmd = [sys.executable, "-m", "gpuworker.service", "--redis-url", redis_url, "--served-model-name", served,
+        cmd = [sys.executable, "-m", "inferq.gpuworker.service", "--redis-url", redis_url, "--served-model-name", served,
                "--worker-id", worker_id, "--metrics-port", str(self.metrics_port), "--metrics-addr", "127.0.0.1",
                "--dtype", args.dtype, "--log-level", "warning", *extra]
         if args.model:

@@ -35,8 +35,8 @@ def main() -> int:
     ap.add_argument("--profile", action="store_true", help="also print torch.profiler's table of one prompt step")
     args = ap.parse_args()
     torch.set_num_threads(1)
-    from gpuworker import LLM
-    from schemas import SamplingParams
+    from inferq.gpuworker import LLM
+    from inferq.schemas import SamplingParams
 
     llm = LLM(dtype=args.dtype, enable_prefix_caching=False)
     eng = llm.engine

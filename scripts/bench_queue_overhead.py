@@ -68,9 +68,9 @@ class QueuePath:
     """A worker (its threads in this process, its own engine) and a producer."""
 
     def __init__(self, engine, redis_url, model_name, max_num_seqs):
-        from gpuworker.service.settings import WorkerSettings
-        from gpuworker.service.worker import Worker
-        from producer import Producer
+        from inferq.gpuworker.service.settings import WorkerSettings
+        from inferq.gpuworker.service.worker import Worker
+        from inferq.producer import Producer
 
         s = WorkerSettings(redis_url=redis_url, served_model_name=model_name, worker_id="bench",
                            max_num_seqs=max_num_seqs, block_ms=100, log_level="warning")
@@ -98,15 +98,15 @@ class QueuePath:
 def publisher_throughput(redis_url, n_jobs, n_steps, coalesce, flush_steps):
     import redis
 
-    from gpuworker.engine.outputs import EngineStats, RequestDelta
-    from gpuworker.logging import get_logger
-    from gpuworker.metrics import WorkerMetrics
-    from gpuworker.service.context import WorkerContext
-    from gpuworker.service.messages import StepOutput
-    from gpuworker.service.publisher import STOP, Publisher
-    from gpuworker.service.state import InFlight, JobState
-    from schemas import keys
-    from schemas.job import Job
+    from inferq.gpuworker.engine.outputs import EngineStats, RequestDelta
+    from inferq.gpuworker.logging import get_logger
+    from inferq.gpuworker.metrics import WorkerMetrics
+    from inferq.gpuworker.service.context import WorkerContext
+    from inferq.gpuworker.service.messages import StepOutput
+    from inferq.gpuworker.service.publisher import STOP, Publisher
+    from inferq.gpuworker.service.state import InFlight, JobState
+    from inferq.schemas import keys
+    from inferq.schemas.job import Job
 
     r = redis.Redis.from_url(redis_url)
     ctx = WorkerContext(model="bench-pub", consumer="bench", lease_seconds=10, max_deliveries=3,
@@ -149,12 +149,12 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    from gpuworker.logging import configure
+    from inferq.gpuworker.logging import configure
 
     configure("warning", json=False)
-    from gpuworker.config import EngineConfig
-    from gpuworker.engine.llm_engine import LLMEngine
-    from schemas import SamplingParams
+    from inferq.gpuworker.config import EngineConfig
+    from inferq.gpuworker.engine.llm_engine import LLMEngine
+    from inferq.schemas import SamplingParams
 
     proc = None
     redis_url = args.redis_url

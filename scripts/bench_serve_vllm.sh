@@ -19,7 +19,7 @@ VLLM_PYTHON="${VLLM_PYTHON:-${INFERQ_VLLM_PYTHON:-$HOME/.venvs/inferq-vllm-peer/
 OUT="${OUT:-bench-serve-vllm}"
 NUM_PROMPTS="${NUM_PROMPTS:-64}" INPUT_LEN="${INPUT_LEN:-128}" OUTPUT_LEN="${OUTPUT_LEN:-64}"
 RATE="${RATE:-4}" DTYPE="${DTYPE:-bfloat16}" KV_GIB="${KV_GIB:-2}" NAME=smollm2
-MODEL_DIR="${MODEL_DIR:-$("$PY" -c 'from gpuworker.models.loader import resolve_model_folder; print(resolve_model_folder(None)[0])')}"
+MODEL_DIR="${MODEL_DIR:-$("$PY" -c 'from inferq.gpuworker.models.loader import resolve_model_folder; print(resolve_model_folder(None)[0])')}"
 mkdir -p "$OUT"
 free_port() { "$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 wait_http() {  # URL PID: until it answers, or the process died
@@ -52,10 +52,10 @@ for round in $(seq 1 "$ROUNDS"); do
   redis-server --port "$rport" --save '' --appendonly no >"$OUT/redis-$round.log" 2>&1 &
   rpid=$!
   export INFERQ_REDIS_URL="redis://127.0.0.1:$rport/0"
-  "$PY" -m gpuworker.service ${WORKER_THREADS:+--torch-threads "$WORKER_THREADS"} --model "$MODEL_DIR" --served-model-name "$NAME" \
+  "$PY" -m inferq.gpuworker.service ${WORKER_THREADS:+--torch-threads "$WORKER_THREADS"} --model "$MODEL_DIR" --served-model-name "$NAME" \
     --dtype "$DTYPE" --metrics-port 0 >"$OUT/inferq-$round.log" 2>&1 &
   wpid=$!
-  until "$PY" -c "import sys; from producer import Producer; sys.exit(0 if Producer(default_model='$NAME').workers() else 1)" 2>/dev/null; do
+  until "$PY" -c "import sys; from inferq.producer import Producer; sys.exit(0 if Producer(default_model='$NAME').workers() else 1)" 2>/dev/null; do
     kill -0 "$wpid" 2>/dev/null || { echo "worker exited; see $OUT/inferq-$round.log" >&2; exit 1; }
     sleep 1
   done

@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def rss_bytes() -> int:
-    from gpuworker.bench.process_memory import proc_kib
+    from inferq.bench.process_memory import proc_kib
 
     return proc_kib(os.getpid(), "VmRSS") * 1024
 
@@ -30,8 +30,8 @@ def main() -> int:
     import torch
 
     torch.set_num_threads(1)
-    from gpuworker import LLM
-    from gpuworker.models.weight_memory import held_bytes, kv_cache_bytes, one_copy_bytes
+    from inferq.gpuworker import LLM
+    from inferq.gpuworker.models.weight_memory import held_bytes, kv_cache_bytes, one_copy_bytes
 
     before = rss_bytes()
     llm = LLM(dtype=args.dtype, kv_cache_memory=args.kv_mb << 20, prepack_weights=not args.no_prepack)

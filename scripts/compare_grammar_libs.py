@@ -37,7 +37,7 @@ def bench_llguidance(tok, vocab, schemas, steps):
     import llguidance.hf
     import llguidance.numpy as lnp
 
-    from schemas.structured import JSON_STYLE
+    from inferq.schemas.structured import JSON_STYLE
 
     t = time.perf_counter()
     lt = llguidance.hf.from_tokenizer(tok, n_vocab=vocab)
@@ -105,8 +105,8 @@ def bench_xgrammar(tok, vocab, schemas, steps):
 def main() -> int:
     from transformers import AutoTokenizer
 
-    from gpuworker.bench.structured_cases import SCHEMAS
-    from gpuworker.models.loader import bundled_model_path
+    from inferq.bench.structured_cases import SCHEMAS
+    from inferq.gpuworker.models.loader import bundled_model_path
 
     path = bundled_model_path()
     tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)

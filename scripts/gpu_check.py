@@ -86,10 +86,10 @@ KERNEL_CASES = [
 
 
 def check_kernels(budget: Budget) -> None:
-    from inferq_kernels import reference
-    from inferq_kernels.reshape_and_cache import reshape_and_cache
-    from inferq_kernels.runtime import is_interpreted
-    from inferq_kernels.unified_attention import _unified_attention_kernel, unified_attention
+    from inferq.kernels import reference
+    from inferq.kernels.reshape_and_cache import reshape_and_cache
+    from inferq.kernels.runtime import is_interpreted
+    from inferq.kernels.unified_attention import _unified_attention_kernel, unified_attention
     from tests.kernels.paged_batch import ERROR_BOUNDS, make_paged_batch
 
     assert is_interpreted(_unified_attention_kernel) == CPU_SMOKE, "kernels compiled/interpreted the wrong way"
@@ -232,20 +232,20 @@ def time_graph_ms(fn, calls: int = 20, replays: int = 10) -> float | None:
 
 
 def time_decode(budget: Budget) -> None:
-    from inferq_kernels.split_k_decode import choose_num_kv_splits
-    from inferq_kernels.unified_attention import unified_attention
+    from inferq.kernels.split_k_decode import choose_num_kv_splits
+    from inferq.kernels.unified_attention import unified_attention
 
     seq_len = 64 if CPU_SMOKE else 1024
     sms = torch.cuda.get_device_properties(0).multi_processor_count if DEVICE.type == "cuda" else 132
     torch_backend = metadata_cls = None
     try:
-        from gpuworker.attention.base import AttentionMetadata as metadata_cls
-        from gpuworker.attention.torch_backend import TorchAttentionBackend
-        from gpuworker.attention.triton_backend import TritonAttentionBackend
+        from inferq.gpuworker.attention.base import AttentionMetadata as metadata_cls
+        from inferq.gpuworker.attention.torch_backend import TorchAttentionBackend
+        from inferq.gpuworker.attention.triton_backend import TritonAttentionBackend
 
         torch_backend, triton_backend = TorchAttentionBackend(), TritonAttentionBackend()
     except Exception as exc:  # the backends only need torch, but say why if they fail
-        row("decode", "backend comparison", "SKIPPED", f"gpuworker.attention import failed: {exc!r}")
+        row("decode", "backend comparison", "SKIPPED", f"inferq.gpuworker.attention import failed: {exc!r}")
 
     for num_seqs in (1, 64, 256):
         if CPU_SMOKE and num_seqs > 1:
@@ -376,14 +376,14 @@ def run_engine_benchmark(budget: Budget, out_dir: Path, tokenizer_arg: str | Non
 
 
 def run_bench_offline(budget: Budget, out_dir: Path, model_dir: Path, small: bool) -> bool:
-    """gpuworker.bench.offline (engine vs HF generate static batches) in a child
+    """inferq.bench.offline (engine vs HF generate static batches) in a child
     process, so a hang costs only its timeout; True if it ran."""
     timeout = int(budget.left() - 60)  # leave room for pytest
     if timeout < 90:
         row("engine", "offline benchmark", "SKIPPED", "time budget")
         return False
     cmd = [
-        sys.executable, "-m", "gpuworker.bench.offline", "--model", str(model_dir), "--device", str(DEVICE),
+        sys.executable, "-m", "inferq.bench.offline", "--model", str(model_dir), "--device", str(DEVICE),
         "--dtype", "float32" if small else "bfloat16", "--threads", "4", "--peers", "static",
         "--static-batch-size", "64", "--json", str(out_dir / "bench_offline.json"),
     ]

@@ -6,7 +6,7 @@ and per reply event, on this machine, with the real code paths.
 
 What runs: a private redis-server (>= 7 if one is found; AOF everysec and
 noeviction, as in production), one real worker process (`python -m
-gpuworker.service`, default settings for leases and heartbeats) on a tiny random
+inferq.gpuworker.service`, default settings for leases and heartbeats) on a tiny random
 model (tests/tiny_models.py; the model's size does not change the Redis traffic
 per token), and real producers: `Producer.submit` (the admission Lua script)
 and one `JobHandle.result()` follower per job, reading its reply stream with
@@ -47,7 +47,7 @@ sys.path.insert(0, str(REPO))
 
 import redis  # noqa: E402
 
-from schemas import keys  # noqa: E402
+from inferq.schemas import keys  # noqa: E402
 
 MODEL = "cost-probe"
 IGNORE = {"info", "config|resetstat", "config", "ping", "client|setinfo", "client|setname", "hello"}
@@ -103,7 +103,7 @@ class Stats:
 
 
 def run_jobs(url: str, n: int, max_tokens: int, r: redis.Redis) -> tuple[dict, int]:
-    from producer import Producer
+    from inferq.producer import Producer
 
     p = Producer(url, default_model=MODEL, max_backlog=100_000)
     sampling = {"max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True}
@@ -199,7 +199,7 @@ def main(argv=None) -> int:
         env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"), PYTHONPATH=str(REPO),
                    TOKENIZERS_PARALLELISM="false")
         log = open(tmp / "worker.log", "wb")
-        worker = subprocess.Popen([sys.executable, "-m", "gpuworker.service", "--redis-url", url, "--model", model,
+        worker = subprocess.Popen([sys.executable, "-m", "inferq.gpuworker.service", "--redis-url", url, "--model", model,
                                    "--served-model-name", MODEL, "--worker-id", "cost-1",
                                    "--max-num-seqs", str(a.jobs), "--num-kv-blocks", str(max(512, a.jobs * 16)),
                                    "--log-level", "warning"], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)

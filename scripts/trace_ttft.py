@@ -45,12 +45,12 @@ def _schedstat() -> tuple[float, float]:
 def install(trace_out: str) -> None:
     """Wrap the points of a job's path; dump what they saw at exit."""
     sys.path.insert(0, str(REPO))
-    import gpuworker.engine.llm_engine as eng_mod
-    import gpuworker.engine.scheduler as sched_mod
-    import gpuworker.service.engine_loop as loop_mod
-    import gpuworker.service.intake as intake_mod
-    import gpuworker.service.lanes as lanes_mod
-    import gpuworker.service.publisher as pub_mod
+    import inferq.gpuworker.engine.llm_engine as eng_mod
+    import inferq.gpuworker.engine.scheduler as sched_mod
+    import inferq.gpuworker.service.engine_loop as loop_mod
+    import inferq.gpuworker.service.intake as intake_mod
+    import inferq.gpuworker.service.lanes as lanes_mod
+    import inferq.gpuworker.service.publisher as pub_mod
 
     now = time.time
     jobs: dict[str, dict] = {}  # job id or "entry:<stream entry id>" -> {point: wall time}
@@ -244,7 +244,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.cmd == "worker":
         install(args.trace_out)
-        from gpuworker.service.cli import main as worker_main
+        from inferq.gpuworker.service.cli import main as worker_main
 
         rest = args.worker_args[1:] if args.worker_args[:1] == ["--"] else args.worker_args
         return worker_main(rest)

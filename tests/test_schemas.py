@@ -2,7 +2,7 @@
 import pytest
 from pydantic import ValidationError
 
-from schemas import DeltaEvent, DoneEvent, ErrorEvent, Job, SamplingParams, decode_event, encode_event, keys
+from inferq.schemas import DeltaEvent, DoneEvent, ErrorEvent, Job, SamplingParams, decode_event, encode_event, keys
 
 
 @pytest.mark.parametrize(

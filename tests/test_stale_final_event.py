@@ -1,6 +1,6 @@
 """A stale lower-attempt ``done`` on a reply stream (a worker that lost its job
 writing late) must not end any reader's read: the sync SDK, the async SDK and
-the gateway all follow the reply stream with schemas.follower and stop only on
+the gateway all follow the reply stream with inferq.schemas.follower and stop only on
 the final event of the attempt they accept.
 
 The events are written by hand into a real redis-server stream."""
@@ -12,12 +12,12 @@ import json
 import httpx
 import redis
 
-from producer import AsyncProducer, Producer
-from producer.gateway.backend import Backend
-from producer.settings import ProducerSettings
-from schemas import encode_event, keys
-from schemas.events import DeltaEvent, DoneEvent, RestartedEvent, StartedEvent
-from schemas.fold import Assembly
+from inferq.producer import AsyncProducer, Producer
+from inferq.producer.gateway.backend import Backend
+from inferq.producer.settings import ProducerSettings
+from inferq.schemas import encode_event, keys
+from inferq.schemas.events import DeltaEvent, DoneEvent, RestartedEvent, StartedEvent
+from inferq.schemas.fold import Assembly
 from tests.gateway.stack import running_gateway
 
 MODEL = "stale-model"

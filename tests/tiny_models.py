@@ -91,7 +91,7 @@ def _randomise(model, seed: int) -> None:
 
 def tokenizer_source() -> Path:
     """Folder with the SmolLM2 tokenizer files (the converted bundled GGUF)."""
-    from gpuworker.models.loader import bundled_model_path, converted_folder
+    from inferq.gpuworker.models.loader import bundled_model_path, converted_folder
 
     return converted_folder(bundled_model_path())
 

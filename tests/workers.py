@@ -1,4 +1,4 @@
-"""Real worker processes for the tests (``python -m gpuworker.service``): the one
+"""Real worker processes for the tests (``python -m inferq.gpuworker.service``): the one
 launcher the service, reliability and gateway/CLI/Celery stacks share."""
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Optional
 
 import redis
 
-from schemas import keys
+from inferq.schemas import keys
 from inferq.processes import terminate
 from tests.conftest import free_port
 
@@ -32,7 +32,7 @@ class WorkerProc:
 
     def __init__(self, redis_url: str, model_folder: Path, served: str, log_dir: Path, worker_id: str,
                  *extra: str, metrics: bool = False, defaults: tuple = SERVICE_DEFAULTS,
-                 launcher: tuple = ("-m", "gpuworker.service")):
+                 launcher: tuple = ("-m", "inferq.gpuworker.service")):
         self.redis_url, self.served, self.worker_id = redis_url, served, worker_id
         self.metrics_port = free_port() if metrics else 0
         self.log_path = log_dir / f"worker-{worker_id}-{time.time_ns()}.log"

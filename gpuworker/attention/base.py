@@ -89,11 +89,11 @@ class AttentionBackend(ABC):
 
 def get_backend(name: str) -> AttentionBackend:
     if name == "torch":
-        from gpuworker.attention.torch_backend import TorchAttentionBackend
+        from inferq.gpuworker.attention.torch_backend import TorchAttentionBackend
 
         return TorchAttentionBackend()
     if name == "triton":
-        from gpuworker.attention.triton_backend import TritonAttentionBackend
+        from inferq.gpuworker.attention.triton_backend import TritonAttentionBackend
 
         return TritonAttentionBackend()
     raise ValueError(f"unknown attention backend {name!r}; choose 'torch' or 'triton'")

@@ -36,8 +36,8 @@ import ctypes
 import threading
 from pathlib import Path
 
-from inferq_kernels.cpu import loader
-from inferq_kernels.cpu.loader import compiler, cpu_has, cpu_vendor, enabled  # noqa: F401  (this module's API)
+from inferq.kernels.cpu import loader
+from inferq.kernels.cpu.loader import compiler, cpu_has, cpu_vendor, enabled  # noqa: F401  (this module's API)
 
 
 _FLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-std=c11", "-fno-math-errno", "-fno-trapping-math",

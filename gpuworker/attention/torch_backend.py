@@ -9,7 +9,7 @@ same ``AttentionMetadata``; planning reads only the host lists, so nothing syncs
   ``scaled_dot_product_attention`` runs per group. Sequences are grouped by
   length so a few long contexts do not make every short one gather padding.
   GQA is folded into the query axis (``[B, Hkv, G, D]``): K/V are never repeated.
-* on CPU with the C kernels (gpuworker.attention.cpu_kernels) every decode row goes to ONE
+* on CPU with the C kernels (inferq.gpuworker.attention.cpu_kernels) every decode row goes to ONE
   call of the paged-decode kernel, straight over the paged cache, and every prefill chunk
   (q_len > 1: a fresh prompt, a later chunk of a long one, a prefix-cache hit, speculative
   tokens to verify) with >= 8 (token, query head) rows per kv head to ONE call of the tiled
@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from gpuworker.attention.base import AttentionBackend, AttentionMetadata, KVCache
+from inferq.gpuworker.attention.base import AttentionBackend, AttentionMetadata, KVCache
 
 # Above this many score elements per prefill chunk, use SDPA instead of materialising scores.
 _MAX_EXPLICIT_SCORES = 32 * 1024 * 1024
@@ -77,7 +77,7 @@ class _Prefill:
 
 @dataclass
 class _NativeDecode:
-    """The rows of a step for the C kernel (gpuworker.attention.cpu_kernels): every
+    """The rows of a step for the C kernel (inferq.gpuworker.attention.cpu_kernels): every
     decode row and every row of a prompt that starts at position 0; host int64 arrays,
     read through their data pointers."""
 
@@ -271,7 +271,7 @@ class TorchAttentionBackend(AttentionBackend):
         if groups > 16 or meta.block_tables.dtype != torch.int32 or not meta.block_tables.is_contiguous():
             return False
         if self._native_kernel is None:
-            from gpuworker.attention import cpu_kernels
+            from inferq.gpuworker.attention import cpu_kernels
 
             self._native_kernel = cpu_kernels.load() or False
         return bool(self._native_kernel)

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import torch
 
-from gpuworker.attention.base import AttentionBackend, AttentionMetadata, KVCache
-from inferq_kernels.reshape_and_cache import reshape_and_cache
-from inferq_kernels.unified_attention import unified_attention
+from inferq.gpuworker.attention.base import AttentionBackend, AttentionMetadata, KVCache
+from inferq.kernels.reshape_and_cache import reshape_and_cache
+from inferq.kernels.unified_attention import unified_attention
 
 
 class TritonAttentionBackend(AttentionBackend):

@@ -18,7 +18,7 @@ from typing import Optional
 
 import torch
 
-from gpuworker.attention.base import AttentionMetadata
+from inferq.gpuworker.attention.base import AttentionMetadata
 
 log = logging.getLogger(__name__)
 

@@ -44,7 +44,7 @@ import re
 import weakref
 from typing import Callable, Optional
 
-from schemas import SamplingParams
+from inferq.schemas import SamplingParams
 
 REPLACEMENT_CHAR = "\ufffd"
 # The decode window grows to _WINDOW_MAX tokens, then (once settled) restarts

@@ -26,7 +26,7 @@ from typing import Callable, Optional
 import llguidance
 import llguidance.hf
 
-from schemas import StructuredOutputs
+from inferq.schemas import StructuredOutputs
 
 
 class GrammarError(ValueError):

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from typing import Optional
 
-from gpuworker.engine.block_pool import BlockPool, KVCacheBlock, hash_block
-from gpuworker.engine.request import Request
+from inferq.gpuworker.engine.block_pool import BlockPool, KVCacheBlock, hash_block
+from inferq.gpuworker.engine.request import Request
 
 
 class KVCacheManager:

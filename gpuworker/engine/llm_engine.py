@@ -12,21 +12,21 @@ from typing import Optional
 
 import torch
 
-from gpuworker.attention.base import get_backend
-from gpuworker.config import EngineConfig
-from gpuworker.engine import host_malloc
-from gpuworker.engine.detokenizer import IncrementalDetokenizer
-from gpuworker.engine.grammar import GrammarCompiler
-from gpuworker.engine.kv_cache_manager import KVCacheManager
-from gpuworker.engine.model_runner import ModelRunner
-from gpuworker.engine.outputs import EngineStats, RequestDelta
-from gpuworker.engine.penalty_tokens import PenaltyTokens
-from gpuworker.engine.request import Request, RequestStatus
-from gpuworker.engine.sampler import make_generator
-from gpuworker.engine.scheduler import Scheduler
-from gpuworker.engine.speculative.factory import make_spec_decoder
-from gpuworker.models.loader import load_model
-from schemas import SamplingParams
+from inferq.gpuworker.attention.base import get_backend
+from inferq.gpuworker.config import EngineConfig
+from inferq.gpuworker.engine import host_malloc
+from inferq.gpuworker.engine.detokenizer import IncrementalDetokenizer
+from inferq.gpuworker.engine.grammar import GrammarCompiler
+from inferq.gpuworker.engine.kv_cache_manager import KVCacheManager
+from inferq.gpuworker.engine.model_runner import ModelRunner
+from inferq.gpuworker.engine.outputs import EngineStats, RequestDelta
+from inferq.gpuworker.engine.penalty_tokens import PenaltyTokens
+from inferq.gpuworker.engine.request import Request, RequestStatus
+from inferq.gpuworker.engine.sampler import make_generator
+from inferq.gpuworker.engine.scheduler import Scheduler
+from inferq.gpuworker.engine.speculative.factory import make_spec_decoder
+from inferq.gpuworker.models.loader import load_model
+from inferq.schemas import SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +96,7 @@ class LLMEngine:
         self.runner = ModelRunner(self.model, self.kv_caches, config.block_size, self.device,
                                   max_num_seqs=config.max_num_seqs, max_model_len=self.max_model_len)
         if self.device.type == "cuda" and self.backend.name == "triton" and not config.enforce_eager:
-            from gpuworker.engine.cuda_graphs import DecodeGraphs
+            from inferq.gpuworker.engine.cuda_graphs import DecodeGraphs
 
             graphs = DecodeGraphs(self.model, self.kv_caches, self.backend, config.block_size,
                                   self.max_model_len, config.max_num_seqs, self.device)
@@ -135,7 +135,7 @@ class LLMEngine:
     def _profile_free_gpu_memory(self) -> int:
         """Run one forward at the full token budget, then give the KV cache
         what is left of gpu_memory_utilization after the peak."""
-        from gpuworker.engine.profiling import peak_activation_bytes
+        from inferq.gpuworker.engine.profiling import peak_activation_bytes
 
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(self.device)

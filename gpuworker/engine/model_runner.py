@@ -27,13 +27,13 @@ from typing import Optional
 import numpy as np
 import torch
 
-from gpuworker.attention.base import AttentionMetadata
-from gpuworker.engine.kv_cache_manager import KVCacheManager
-from gpuworker.engine.logits_shaping import LogitsShaper
-from gpuworker.engine.prompt_logprobs import collect_prompt_logprobs
-from gpuworker.engine.sampler import Sampler, SamplingRow, greedy_argmax
-from gpuworker.engine.scheduler import SchedulerOutput
-from gpuworker.engine.speculative.verify import expand_rows, row_generator, split_rows
+from inferq.gpuworker.attention.base import AttentionMetadata
+from inferq.gpuworker.engine.kv_cache_manager import KVCacheManager
+from inferq.gpuworker.engine.logits_shaping import LogitsShaper
+from inferq.gpuworker.engine.prompt_logprobs import collect_prompt_logprobs
+from inferq.gpuworker.engine.sampler import Sampler, SamplingRow, greedy_argmax
+from inferq.gpuworker.engine.scheduler import SchedulerOutput
+from inferq.gpuworker.engine.speculative.verify import expand_rows, row_generator, split_rows
 
 
 @dataclass

@@ -14,7 +14,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from gpuworker.engine.token_mirror import TokenMirror
+from inferq.gpuworker.engine.token_mirror import TokenMirror
 
 
 class PenaltyTokens:

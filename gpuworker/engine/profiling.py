@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from gpuworker.attention.base import AttentionMetadata
+from inferq.gpuworker.attention.base import AttentionMetadata
 
 
 @torch.inference_mode()

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from gpuworker.engine.sampler import prompt_logprobs_of
+from inferq.gpuworker.engine.sampler import prompt_logprobs_of
 
 # Logits of this many prompt positions at a time (bounds memory: rows x vocab floats).
 _ROWS_PER_SLICE = 256

@@ -5,8 +5,8 @@ import enum
 import time
 from typing import Optional
 
-from gpuworker.engine.sampler import _is_plain_greedy
-from schemas import SamplingParams
+from inferq.gpuworker.engine.sampler import _is_plain_greedy
+from inferq.schemas import SamplingParams
 
 
 class RequestStatus(enum.Enum):

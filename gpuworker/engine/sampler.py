@@ -47,8 +47,8 @@ from typing import Optional
 import numpy as np
 import torch
 
-from gpuworker.engine.penalty_tokens import PenaltyTokens
-from schemas import SamplingParams
+from inferq.gpuworker.engine.penalty_tokens import PenaltyTokens
+from inferq.schemas import SamplingParams
 
 # Temperatures below this are treated as greedy (dividing by them overflows).
 _GREEDY_EPS = 1e-5

@@ -22,8 +22,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Iterable, Optional
 
-from gpuworker.engine.kv_cache_manager import KVCacheManager
-from gpuworker.engine.request import Request, RequestStatus
+from inferq.gpuworker.engine.kv_cache_manager import KVCacheManager
+from inferq.gpuworker.engine.request import Request, RequestStatus
 
 
 class ScheduledRequest:

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from gpuworker.models.registry import check_supported
+from inferq.gpuworker.models.registry import check_supported
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 

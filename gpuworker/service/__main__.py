@@ -1,6 +1,6 @@
-"""``python -m gpuworker.service``: run one worker (see cli.py for flags)."""
+"""``python -m inferq.gpuworker.service``: run one worker (see cli.py for flags)."""
 import sys
 
-from gpuworker.service.cli import main
+from inferq.gpuworker.service.cli import main
 
 sys.exit(main())

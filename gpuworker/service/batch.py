@@ -14,7 +14,7 @@ import redis
 
 # The shared tuples (schemas/redis_errors.py): writers wait these out with
 # back-off instead of dying; cluster failovers count as well as dropped links.
-from schemas.redis_errors import REFUSING_WRITES, TRANSIENT, is_cluster_client
+from inferq.schemas.redis_errors import REFUSING_WRITES, TRANSIENT, is_cluster_client
 
 # Commands that a cluster pipeline (sync redis-py) has no method for, but sends
 # fine as a raw command, routed by its first key.

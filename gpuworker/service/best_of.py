@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from gpuworker.engine.outputs import RequestDelta
+from inferq.gpuworker.engine.outputs import RequestDelta
 
 
 @dataclass

@@ -18,9 +18,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Optional
 
-from schemas import SamplingParams
+from inferq.schemas import SamplingParams
 
-from gpuworker.service.best_of import Ranking
+from inferq.gpuworker.service.best_of import Ranking
 
 SEP = "#"
 
@@ -116,7 +116,7 @@ class ChoiceGroup:
 
     def end_waiting(self, reason: str) -> list:
         """Choices never added (aborted before choice 0's prompt was computed)."""
-        from gpuworker.engine.outputs import RequestDelta
+        from inferq.gpuworker.engine.outputs import RequestDelta
 
         out = []
         for i in self.waiting:

@@ -1,4 +1,4 @@
-"""``python -m gpuworker.service`` / ``inferq worker``: flags override INFERQ_* env."""
+"""``python -m inferq.gpuworker.service`` / ``inferq worker``: flags override INFERQ_* env."""
 from __future__ import annotations
 
 import argparse
@@ -25,7 +25,7 @@ def _flag_type(annotation):
 def parser() -> argparse.ArgumentParser:
     """One flag per WorkerSettings field: --max-num-seqs for max_num_seqs, typed
     like the field, with its description as help (booleans get --x/--no-x)."""
-    from gpuworker.service.settings import WorkerSettings
+    from inferq.gpuworker.service.settings import WorkerSettings
 
     p = argparse.ArgumentParser(prog="inferq worker", description="Run an inferq GPU worker on a Redis job stream.")
     for name, field in WorkerSettings.model_fields.items():
@@ -43,8 +43,8 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[list[str]] = None) -> int:
     args = parser().parse_args(argv)
-    from gpuworker.logging import configure
-    from gpuworker.service.settings import WorkerSettings
+    from inferq.gpuworker.logging import configure
+    from inferq.gpuworker.service.settings import WorkerSettings
 
     given = {k: v for k, v in vars(args).items() if v is not None}
     try:
@@ -53,8 +53,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"inferq worker: invalid configuration:\n{e}", file=sys.stderr)
         return 2
     configure(settings.log_level, settings.log_json)
-    from gpuworker.service.identity import WorkerIdInUse
-    from gpuworker.service.worker import Worker
+    from inferq.gpuworker.service.identity import WorkerIdInUse
+    from inferq.gpuworker.service.worker import Worker
 
     import redis
 

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from schemas import keys
-from schemas.queues import Lane
+from inferq.schemas import keys
+from inferq.schemas.queues import Lane
 
 
 @dataclass(frozen=True)

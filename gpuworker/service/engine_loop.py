@@ -16,12 +16,12 @@ import time
 from collections import deque
 from typing import Callable, Optional
 
-from schemas import keys
+from inferq.schemas import keys
 
-from gpuworker.engine.outputs import RequestDelta
-from gpuworker.service.choices import ChoiceGroup, choice_params, choice_request_id
-from gpuworker.service.messages import AbortJob, AddJob, Dropped, DropJob, Failed, Rejected, StepOutput
-from gpuworker.service.state import InFlight, JobState
+from inferq.gpuworker.engine.outputs import RequestDelta
+from inferq.gpuworker.service.choices import ChoiceGroup, choice_params, choice_request_id
+from inferq.gpuworker.service.messages import AbortJob, AddJob, Dropped, DropJob, Failed, Rejected, StepOutput
+from inferq.gpuworker.service.state import InFlight, JobState
 
 
 # Job priorities span -1000..1000; each class lies wholly after the one before,

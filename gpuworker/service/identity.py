@@ -12,7 +12,7 @@ from __future__ import annotations
 import secrets
 import time
 
-from schemas import keys
+from inferq.schemas import keys
 
 # Renew/release only while the key still holds our token.
 _RENEW = """

@@ -20,20 +20,20 @@ from typing import Optional
 import redis
 from pydantic import ValidationError
 
-from schemas.text import as_str
-from schemas import Usage, keys, transitions
-from schemas.job import Job, job_payload
-from schemas.queues import Lane
-from schemas.redis_errors import REFUSING_WRITES, UNAVAILABLE
+from inferq.schemas.text import as_str
+from inferq.schemas import Usage, keys, transitions
+from inferq.schemas.job import Job, job_payload
+from inferq.schemas.queues import Lane
+from inferq.schemas.redis_errors import REFUSING_WRITES, UNAVAILABLE
 
-from gpuworker.engine.grammar import GrammarError
-from gpuworker.service import replies
-from gpuworker.service.batch import Batch, retrying
-from gpuworker.service.context import WorkerContext
-from gpuworker.service.lanes import LaneReader
-from gpuworker.service.messages import AddJob, Started
-from gpuworker.service.prompts import PromptBuilder, PromptError
-from gpuworker.service.state import InFlight, JobState
+from inferq.gpuworker.engine.grammar import GrammarError
+from inferq.gpuworker.service import replies
+from inferq.gpuworker.service.batch import Batch, retrying
+from inferq.gpuworker.service.context import WorkerContext
+from inferq.gpuworker.service.lanes import LaneReader
+from inferq.gpuworker.service.messages import AddJob, Started
+from inferq.gpuworker.service.prompts import PromptBuilder, PromptError
+from inferq.gpuworker.service.state import InFlight, JobState
 
 _ID_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
 

@@ -25,12 +25,12 @@ from typing import Callable, Optional
 
 import redis
 
-from schemas import keys
-from schemas.job import job_payload
-from schemas.queues import Lane, lanes_of
-from schemas.text import as_str
+from inferq.schemas import keys
+from inferq.schemas.job import job_payload
+from inferq.schemas.queues import Lane, lanes_of
+from inferq.schemas.text import as_str
 
-from gpuworker.service.context import WorkerContext
+from inferq.gpuworker.service.context import WorkerContext
 
 # How often the lane list is re-read (and so how soon a worker sees a lane new
 # jobs were routed to, e.g. its own affinity lane): also the longest a single-lane

@@ -22,14 +22,14 @@ from typing import Callable, Optional
 
 import redis
 
-from schemas import keys, transitions
-from schemas.queues import Lane, lanes_of
-from schemas.redis_errors import REFUSING_WRITES, UNAVAILABLE
-from schemas.text import as_str
+from inferq.schemas import keys, transitions
+from inferq.schemas.queues import Lane, lanes_of
+from inferq.schemas.redis_errors import REFUSING_WRITES, UNAVAILABLE
+from inferq.schemas.text import as_str
 
-from gpuworker.service.context import WorkerContext
-from gpuworker.service.messages import DropJob
-from gpuworker.service.state import InFlight
+from inferq.gpuworker.service.context import WorkerContext
+from inferq.gpuworker.service.messages import DropJob
+from inferq.gpuworker.service.state import InFlight
 
 QUEUE_GAUGE_INTERVAL = 2.0
 

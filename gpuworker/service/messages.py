@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from gpuworker.service.state import JobState
+from inferq.gpuworker.service.state import JobState
 
 
 # -- engine commands --------------------------------------------------------------

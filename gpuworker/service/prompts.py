@@ -14,7 +14,7 @@ import re
 import string
 from typing import Optional
 
-from schemas.job import ChatMessage, Job
+from inferq.schemas.job import ChatMessage, Job
 
 
 class PromptError(ValueError):

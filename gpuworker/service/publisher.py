@@ -16,14 +16,14 @@ from typing import Callable, Optional
 
 import redis
 
-from schemas import Usage, transitions
-from schemas.job import JOB_FIELD
+from inferq.schemas import Usage, transitions
+from inferq.schemas.job import JOB_FIELD
 
-from gpuworker.service import replies
-from gpuworker.service.batch import Batch
-from gpuworker.service.context import WorkerContext
-from gpuworker.service.messages import STOP, AbortJob, Dropped, DropJob, Failed, Rejected, Started, Stop, StepOutput
-from gpuworker.service.state import InFlight, JobState
+from inferq.gpuworker.service import replies
+from inferq.gpuworker.service.batch import Batch
+from inferq.gpuworker.service.context import WorkerContext
+from inferq.gpuworker.service.messages import STOP, AbortJob, Dropped, DropJob, Failed, Rejected, Started, Stop, StepOutput
+from inferq.gpuworker.service.state import InFlight, JobState
 
 __all__ = ["Publisher", "STOP"]
 

@@ -1,20 +1,20 @@
 """Reply-stream writes and the job's fenced state changes, recorded into a Batch
 so each caller sends one pipeline. ``start``/``finish``/``fail`` return the index
-of the script's answer in the batch (see schemas.transitions: 1 done, 0 refused)."""
+of the script's answer in the batch (see inferq.schemas.transitions: 1 done, 0 refused)."""
 from __future__ import annotations
 
 import json
 import time
 from typing import Optional
 
-from schemas import DoneEvent, ErrorEvent, RestartedEvent, StartedEvent, Timings, Usage, encode_event, keys, records
-from schemas import transitions
-from schemas.events import ChoiceEnd
-from schemas.queues import Lane
+from inferq.schemas import DoneEvent, ErrorEvent, RestartedEvent, StartedEvent, Timings, Usage, encode_event, keys, records
+from inferq.schemas import transitions
+from inferq.schemas.events import ChoiceEnd
+from inferq.schemas.queues import Lane
 
-from gpuworker.service.batch import Batch
-from gpuworker.service.context import WorkerContext
-from gpuworker.service.state import JobState
+from inferq.gpuworker.service.batch import Batch
+from inferq.gpuworker.service.context import WorkerContext
+from inferq.gpuworker.service.state import JobState
 
 
 def reply_cap(ctx: WorkerContext, st: JobState) -> int:

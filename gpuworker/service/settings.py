@@ -13,11 +13,11 @@ from typing import Optional
 from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
-from schemas import keys
-from schemas.connection import sync_client
-from schemas.policy import QueuePolicy
+from inferq.schemas import keys
+from inferq.schemas.connection import sync_client
+from inferq.schemas.policy import QueuePolicy
 
-from gpuworker.config import EngineConfig
+from inferq.gpuworker.config import EngineConfig
 
 
 def _engine_default(knob: str):
@@ -95,7 +95,7 @@ class WorkerSettings(QueuePolicy):
 
     @model_validator(mode="after")
     def _speculative_parses(self):
-        from gpuworker.engine.speculative.config import SpeculativeConfig
+        from inferq.gpuworker.engine.speculative.config import SpeculativeConfig
 
         try:
             SpeculativeConfig.parse(self.speculative_config)
@@ -105,7 +105,7 @@ class WorkerSettings(QueuePolicy):
 
     @model_validator(mode="after")
     def _threads_bind_parses(self):
-        from inferq_kernels.cpu import binding
+        from inferq.kernels.cpu import binding
 
         binding.plan(self.torch_threads or 1, self.cpu_threads_bind)  # ValueError names the setting
         return self

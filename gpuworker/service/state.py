@@ -23,9 +23,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Optional, Union
 
-from schemas import keys
-from schemas.job import Job
-from schemas.queues import Lane
+from inferq.schemas import keys
+from inferq.schemas.job import Job
+from inferq.schemas.queues import Lane
 
 _phase_lock = threading.Lock()  # transitions are rare: one lock for all jobs is enough
 

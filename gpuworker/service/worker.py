@@ -10,25 +10,25 @@ import signal
 import threading
 import time
 
-from schemas.redis_checks import queue_warnings
-from schemas.text import as_str
+from inferq.schemas.redis_checks import queue_warnings
+from inferq.schemas.text import as_str
 
-from gpuworker.logging import get_logger
-from gpuworker.metrics import WorkerMetrics
-from gpuworker.service.context import WorkerContext
-from gpuworker.service.engine_loop import EngineLoop
-from gpuworker.service.identity import WorkerIdentity
-from gpuworker.service.intake import Intake
-from gpuworker.service.lease import LeaseKeeper
-from gpuworker.engine.grammar import GrammarCompiler
-from gpuworker.service.prompts import PromptBuilder
-from gpuworker.service.publisher import STOP, Publisher
-from gpuworker.service.settings import WorkerSettings
-from gpuworker.service.state import InFlight
+from inferq.gpuworker.logging import get_logger
+from inferq.gpuworker.metrics import WorkerMetrics
+from inferq.gpuworker.service.context import WorkerContext
+from inferq.gpuworker.service.engine_loop import EngineLoop
+from inferq.gpuworker.service.identity import WorkerIdentity
+from inferq.gpuworker.service.intake import Intake
+from inferq.gpuworker.service.lease import LeaseKeeper
+from inferq.gpuworker.engine.grammar import GrammarCompiler
+from inferq.gpuworker.service.prompts import PromptBuilder
+from inferq.gpuworker.service.publisher import STOP, Publisher
+from inferq.gpuworker.service.settings import WorkerSettings
+from inferq.gpuworker.service.state import InFlight
 
 
 def build_engine(s: WorkerSettings):
-    from gpuworker.engine.llm_engine import LLMEngine
+    from inferq.gpuworker.engine.llm_engine import LLMEngine
 
     set_cpu_threads(s)
     return LLMEngine(s.engine_config())
@@ -41,7 +41,7 @@ def set_cpu_threads(s: WorkerSettings) -> int:
     that is 1: the other core runs intake, publishing and Redis instead of fighting the forward."""
     import torch
 
-    from inferq_kernels.cpu import binding
+    from inferq.kernels.cpu import binding
 
     n = s.torch_threads
     if n is None:

@@ -116,7 +116,7 @@ _team: dict[int, "tuple[int, list[int] | None]"] = {}
 
 
 def _pin(lib: ctypes.CDLL, ident: int, n: int) -> None:
-    from inferq_kernels.cpu import binding
+    from inferq.kernels.cpu import binding
 
     try:
         cpus = binding.plan(n) if lib.openmp or n == 1 else None

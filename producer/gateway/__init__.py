@@ -1,5 +1,5 @@
 """OpenAI-compatible HTTP gateway and native jobs API (FastAPI). A producer:
 it admits jobs to Redis and reads their reply streams; it never loads a model."""
-from producer.gateway.app import create_app, serve
+from inferq.producer.gateway.app import create_app, serve
 
 __all__ = ["create_app", "serve"]

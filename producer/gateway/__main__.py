@@ -1,12 +1,12 @@
-"""`python -m producer.gateway [--host H] [--port P]` (same as `inferq gateway`)."""
+"""`python -m inferq.producer.gateway [--host H] [--port P]` (same as `inferq gateway`)."""
 import argparse
 import sys
 
-from producer.gateway.cli import add_arguments, run
+from inferq.producer.gateway.cli import add_arguments, run
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m producer.gateway", description="Run the inferq HTTP gateway.")
+    parser = argparse.ArgumentParser(prog="python -m inferq.producer.gateway", description="Run the inferq HTTP gateway.")
     add_arguments(parser)
     return run(parser.parse_args(argv))
 

@@ -8,21 +8,21 @@ from typing import Optional
 
 from fastapi import FastAPI
 
-from producer.settings import ProducerSettings
+from inferq.producer.settings import ProducerSettings
 
-from producer.gateway import batch_routes, files_routes, health_routes, jobs_routes, openai_routes
-from producer.gateway.backend import Backend
-from producer.gateway.batch_driver import BatchManager
-from producer.gateway.batch_store import BatchStore
-from producer.gateway.files_store import FilesStore
-from producer.gateway.config import (GatewaySettings, check_exposure, parse_api_keys, parse_dashboard_keys,
+from inferq.producer.gateway import batch_routes, files_routes, health_routes, jobs_routes, openai_routes
+from inferq.producer.gateway.backend import Backend
+from inferq.producer.gateway.batch_driver import BatchManager
+from inferq.producer.gateway.batch_store import BatchStore
+from inferq.producer.gateway.files_store import FilesStore
+from inferq.producer.gateway.config import (GatewaySettings, check_exposure, parse_api_keys, parse_dashboard_keys,
                                      worker_metrics_urls)
-from producer.gateway.errors import install_error_handlers
-from producer.gateway.limits import BodySizeLimit
-from producer.gateway.readers import ReaderLimit
-from producer.gateway.metrics import GatewayMetrics, RequestMetrics
-from producer.gateway.runner import Context
-from producer.gateway.dashboard.sampler import Sampler
+from inferq.producer.gateway.errors import install_error_handlers
+from inferq.producer.gateway.limits import BodySizeLimit
+from inferq.producer.gateway.readers import ReaderLimit
+from inferq.producer.gateway.metrics import GatewayMetrics, RequestMetrics
+from inferq.producer.gateway.runner import Context
+from inferq.producer.gateway.dashboard.sampler import Sampler
 
 
 @dataclass
@@ -73,7 +73,7 @@ def create_app(settings: Optional[GatewaySettings] = None,
     app.include_router(batch_routes.router)
     app.include_router(health_routes.router)
     if settings.dashboard:
-        from producer.gateway import dashboard
+        from inferq.producer.gateway import dashboard
 
         app.include_router(dashboard.router)
     if not settings.metrics_port:

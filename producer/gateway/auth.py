@@ -9,8 +9,8 @@ import hmac
 
 from fastapi import Request
 
-from producer.gateway.config import Principal
-from producer.gateway.errors import APIError
+from inferq.producer.gateway.config import Principal
+from inferq.producer.gateway.errors import APIError
 
 UNRESTRICTED = Principal(tenant=None)
 

@@ -7,17 +7,17 @@ from typing import AsyncIterator, Optional
 
 import anyio
 
-from schemas import Job, decode_event, keys, records, transitions
-from schemas.connection import async_client, sync_client
-from schemas.fold import Assembly
-from schemas.follower import Follow
-from schemas.queues import models_of_keys
-from schemas.text import as_str
-from producer.admission import ADMISSION_LUA, Admitted, aadmit
-from producer.errors import JobNotFound
-from producer.gateway.reply_hub import ReplyHub
-from producer.queue_stats import ModelQueueStats, all_stats
-from producer.settings import ProducerSettings
+from inferq.schemas import Job, decode_event, keys, records, transitions
+from inferq.schemas.connection import async_client, sync_client
+from inferq.schemas.fold import Assembly
+from inferq.schemas.follower import Follow
+from inferq.schemas.queues import models_of_keys
+from inferq.schemas.text import as_str
+from inferq.producer.admission import ADMISSION_LUA, Admitted, aadmit
+from inferq.producer.errors import JobNotFound
+from inferq.producer.gateway.reply_hub import ReplyHub
+from inferq.producer.queue_stats import ModelQueueStats, all_stats
+from inferq.producer.settings import ProducerSettings
 
 
 class Backend:

@@ -26,16 +26,16 @@ from typing import Optional
 
 import anyio
 
-from schemas import keys
-from schemas.job import new_job_id
-from schemas.fold import Assembly, ReplyGap
-from schemas.follower import Follow, afollow
-from producer.errors import QueueFull, RateLimited
-from producer.gateway.batch_lines import Line, error_line, output_line, parse_line
-from producer.gateway.batch_store import ACTIVE, BatchStore
-from producer.gateway.errors import APIError
-from producer.gateway.files_store import FilesStore
-from producer.gateway.runner import Context, raise_for_error
+from inferq.schemas import keys
+from inferq.schemas.job import new_job_id
+from inferq.schemas.fold import Assembly, ReplyGap
+from inferq.schemas.follower import Follow, afollow
+from inferq.producer.errors import QueueFull, RateLimited
+from inferq.producer.gateway.batch_lines import Line, error_line, output_line, parse_line
+from inferq.producer.gateway.batch_store import ACTIVE, BatchStore
+from inferq.producer.gateway.errors import APIError
+from inferq.producer.gateway.files_store import FilesStore
+from inferq.producer.gateway.runner import Context, raise_for_error
 
 log = logging.getLogger("inferq.gateway.batch")
 

@@ -9,10 +9,10 @@ from typing import Optional
 
 from pydantic import ValidationError
 
-from producer.gateway.errors import APIError
-from producer.gateway.openai_jobs import Prepared, prepare_chat, prepare_completion
-from producer.gateway.openai_schemas import ChatCompletionRequest, CompletionRequest
-from producer.gateway.runner import Context, resolve_model
+from inferq.producer.gateway.errors import APIError
+from inferq.producer.gateway.openai_jobs import Prepared, prepare_chat, prepare_completion
+from inferq.producer.gateway.openai_schemas import ChatCompletionRequest, CompletionRequest
+from inferq.producer.gateway.runner import Context, resolve_model
 
 ENDPOINTS = {"/v1/chat/completions": (ChatCompletionRequest, prepare_chat),
              "/v1/completions": (CompletionRequest, prepare_completion)}

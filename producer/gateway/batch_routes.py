@@ -7,12 +7,12 @@ from typing import Optional
 from fastapi import APIRouter, Depends, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from producer.gateway.auth import authenticate, can_access
-from producer.gateway.batch_lines import ENDPOINTS
-from producer.gateway.batch_store import FINAL, batch_object, new_batch_id
-from producer.gateway.config import Principal
-from producer.gateway.errors import APIError, bad_request
-from producer.gateway.files_routes import owned_file
+from inferq.producer.gateway.auth import authenticate, can_access
+from inferq.producer.gateway.batch_lines import ENDPOINTS
+from inferq.producer.gateway.batch_store import FINAL, batch_object, new_batch_id
+from inferq.producer.gateway.config import Principal
+from inferq.producer.gateway.errors import APIError, bad_request
+from inferq.producer.gateway.files_routes import owned_file
 
 router = APIRouter()
 

@@ -13,8 +13,8 @@ import secrets
 import time
 from typing import Optional
 
-from schemas import keys
-from schemas.text import as_str
+from inferq.schemas import keys
+from inferq.schemas.text import as_str
 
 ACTIVE = ("validating", "in_progress", "finalizing", "cancelling")
 FINAL = ("completed", "failed", "expired", "cancelled")

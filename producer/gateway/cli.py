@@ -1,5 +1,5 @@
 """The gateway's command-line flags, shared by `inferq gateway` and
-`python -m producer.gateway`."""
+`python -m inferq.producer.gateway`."""
 from __future__ import annotations
 
 import argparse
@@ -12,8 +12,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
-    from producer.gateway import serve
-    from producer.gateway.config import GatewaySettings
+    from inferq.producer.gateway import serve
+    from inferq.producer.gateway.config import GatewaySettings
 
     overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
     serve(GatewaySettings(**overrides), log_level=args.log_level)

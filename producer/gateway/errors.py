@@ -12,9 +12,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from schemas.fold import ReplyGap
-from schemas.redis_errors import UNAVAILABLE
-from producer.errors import JobNotFound
+from inferq.schemas.fold import ReplyGap
+from inferq.schemas.redis_errors import UNAVAILABLE
+from inferq.producer.errors import JobNotFound
 
 _TYPE_BY_STATUS = {
     400: "invalid_request_error",

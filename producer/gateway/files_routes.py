@@ -11,10 +11,10 @@ import anyio
 from fastapi import APIRouter, Depends, File, Form, Request, UploadFile
 from fastapi.responses import FileResponse
 
-from producer.gateway.auth import authenticate, can_access
-from producer.gateway.config import Principal
-from producer.gateway.errors import APIError, bad_request
-from producer.gateway.files_store import FilesStore, FileTooLarge, public
+from inferq.producer.gateway.auth import authenticate, can_access
+from inferq.producer.gateway.config import Principal
+from inferq.producer.gateway.errors import APIError, bad_request
+from inferq.producer.gateway.files_store import FilesStore, FileTooLarge, public
 
 router = APIRouter()
 

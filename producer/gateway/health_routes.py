@@ -6,8 +6,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from producer.gateway.config import allowed_models
-from producer.gateway.runner import ctx_of
+from inferq.producer.gateway.config import allowed_models
+from inferq.producer.gateway.runner import ctx_of
 
 router = APIRouter()
 # Its own router: served on the main port, or alone on GatewaySettings.metrics_port.

@@ -13,17 +13,17 @@ from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from schemas import SamplingParams, keys, records
-from schemas.events import TERMINAL_TYPES
-from schemas.fold import ReplyGap
-from schemas.text import as_str
-from producer.errors import JobNotFound
-from producer.gateway import sse
-from producer.gateway.auth import authenticate, can_access
-from producer.gateway.config import Principal
-from producer.gateway.errors import APIError, bad_request
-from producer.gateway.openai_schemas import check_prompt_size
-from producer.gateway.runner import Context, admit, ctx_of, make_job, resolve_model
+from inferq.schemas import SamplingParams, keys, records
+from inferq.schemas.events import TERMINAL_TYPES
+from inferq.schemas.fold import ReplyGap
+from inferq.schemas.text import as_str
+from inferq.producer.errors import JobNotFound
+from inferq.producer.gateway import sse
+from inferq.producer.gateway.auth import authenticate, can_access
+from inferq.producer.gateway.config import Principal
+from inferq.producer.gateway.errors import APIError, bad_request
+from inferq.producer.gateway.openai_schemas import check_prompt_size
+from inferq.producer.gateway.runner import Context, admit, ctx_of, make_job, resolve_model
 
 router = APIRouter()
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 
-from producer.gateway.errors import error_body
+from inferq.producer.gateway.errors import error_body
 
 
 class _TooLarge(Exception):

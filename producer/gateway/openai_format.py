@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 from typing import Optional
 
-from schemas.fold import Assembly, Piece
+from inferq.schemas.fold import Assembly, Piece
 
 
 def token_name(token_id: int) -> str:

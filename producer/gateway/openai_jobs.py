@@ -6,15 +6,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Awaitable, Callable, Optional
 
-from schemas import Job
-from schemas.fold import Assembly
-from producer.gateway import openai_format as fmt
-from producer.gateway.errors import bad_request
-from producer.gateway.openai_schemas import (
+from inferq.schemas import Job
+from inferq.schemas.fold import Assembly
+from inferq.producer.gateway import openai_format as fmt
+from inferq.producer.gateway.errors import bad_request
+from inferq.producer.gateway.openai_schemas import (
     ChatCompletionRequest, CompletionRequest, build_sampling, check_prompt_size,
 )
-from producer.gateway.openai_tools import ToolPlan, plan_tools
-from producer.gateway.runner import Context, make_job
+from inferq.producer.gateway.openai_tools import ToolPlan, plan_tools
+from inferq.producer.gateway.runner import Context, make_job
 
 Resolver = Callable[[Optional[str]], Awaitable[str]]
 

@@ -7,18 +7,18 @@ from typing import Optional
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import StreamingResponse
 
-from producer.gateway import openai_format as fmt
-from producer.gateway import sse
-from schemas.fold import Assembly, ReplyGap
-from schemas.redis_errors import UNAVAILABLE
-from producer.gateway.auth import authenticate
-from producer.gateway.config import Principal, allowed_models
-from producer.errors import JobNotFound
-from producer.gateway.errors import APIError, job_expired_error, reply_gap_error
-from producer.gateway.openai_jobs import prepare_chat, prepare_completion
-from producer.gateway.openai_schemas import ChatCompletionRequest, CompletionRequest
-from producer.gateway.openai_tools import ToolDeltas
-from producer.gateway.runner import (
+from inferq.producer.gateway import openai_format as fmt
+from inferq.producer.gateway import sse
+from inferq.schemas.fold import Assembly, ReplyGap
+from inferq.schemas.redis_errors import UNAVAILABLE
+from inferq.producer.gateway.auth import authenticate
+from inferq.producer.gateway.config import Principal, allowed_models
+from inferq.producer.errors import JobNotFound
+from inferq.producer.gateway.errors import APIError, job_expired_error, reply_gap_error
+from inferq.producer.gateway.openai_jobs import prepare_chat, prepare_completion
+from inferq.producer.gateway.openai_schemas import ChatCompletionRequest, CompletionRequest
+from inferq.producer.gateway.openai_tools import ToolDeltas
+from inferq.producer.gateway.runner import (
     Context, GatewayTimeout, admit, cancel_shielded, ctx_of, raise_for_error, resolve_model, stream_pieces,
     wait_for_result,
 )

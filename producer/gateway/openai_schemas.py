@@ -11,12 +11,12 @@ from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from schemas import SamplingParams
-from schemas.sampling import MAX_N
-from producer.gateway.config import GatewaySettings
-from producer.gateway.errors import bad_request
-from producer.gateway.openai_structured import StructuredFields
-from producer.gateway.openai_tools import ToolCallIn, ToolChoice, ToolDef
+from inferq.schemas import SamplingParams
+from inferq.schemas.sampling import MAX_N
+from inferq.producer.gateway.config import GatewaySettings
+from inferq.producer.gateway.errors import bad_request
+from inferq.producer.gateway.openai_structured import StructuredFields
+from inferq.producer.gateway.openai_tools import ToolCallIn, ToolChoice, ToolDef
 
 
 class StreamOptions(BaseModel):

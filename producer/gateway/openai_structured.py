@@ -17,8 +17,8 @@ from typing import Any, Literal, Optional, Union
 import llguidance
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from schemas import StructuredOutputs
-from producer.gateway.errors import bad_request
+from inferq.schemas import StructuredOutputs
+from inferq.producer.gateway.errors import bad_request
 
 # Fields that change what is generated and that this gateway does not implement: a
 # request naming one is refused (400) instead of being answered as if it were absent.

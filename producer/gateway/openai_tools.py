@@ -15,11 +15,11 @@ from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from schemas import SamplingParams
-from schemas.job import MAX_TOOLS
-from schemas.structured import StructuredOutputs
-from producer.gateway.errors import bad_request
-from producer.gateway.tool_parsers import (
+from inferq.schemas import SamplingParams
+from inferq.schemas.job import MAX_TOOLS
+from inferq.schemas.structured import StructuredOutputs
+from inferq.producer.gateway.errors import bad_request
+from inferq.producer.gateway.tool_parsers import (
     NEEDS_SPECIAL_TOKENS, ArgsDelta, CallStart, Content, Event, ToolCallStream, forced_stream, parse, tool_stream,
 )
 

@@ -15,7 +15,7 @@ import re
 from collections import Counter
 from typing import Optional
 
-from producer.gateway.errors import error_body
+from inferq.producer.gateway.errors import error_body
 
 _READER_PATHS = re.compile(r"^/v1/(completions|chat/completions|jobs/[^/]+/events)$")
 

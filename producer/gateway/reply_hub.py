@@ -1,6 +1,6 @@
 """One Redis reader for every reply stream the gateway follows.
 
-A follower of its own per request (``schemas.follower.afollow``) costs one
+A follower of its own per request (``inferq.schemas.follower.afollow``) costs one
 XREAD round trip per token per stream: a pooled connection checked out, a
 command written, a socket wakeup, for every stream on every worker step. On a
 box whose cores the worker needs, that is CPU taken from generation. Here one
@@ -28,10 +28,10 @@ import uuid
 from collections import deque
 from typing import Any, AsyncIterator, Optional
 
-from schemas import keys
-from schemas.follower import Cursor, Follow, afollow
-from schemas.redis_errors import UNAVAILABLE
-from schemas.text import as_str
+from inferq.schemas import keys
+from inferq.schemas.follower import Cursor, Follow, afollow
+from inferq.schemas.redis_errors import UNAVAILABLE
+from inferq.schemas.text import as_str
 
 # The shared read's BLOCK; RedisSettings requires socket_timeout above 1 s, the
 # bound every BLOCK in the project keeps.

@@ -11,14 +11,14 @@ import anyio
 from fastapi import Request
 from pydantic import ValidationError
 
-from schemas import Job
-from producer.admission import Admitted
-from producer.errors import QueueFull, QueueUnavailable, RateLimited
+from inferq.schemas import Job
+from inferq.producer.admission import Admitted
+from inferq.producer.errors import QueueFull, QueueUnavailable, RateLimited
 
-from schemas.fold import Assembly, Piece
-from producer.gateway.backend import Backend
-from producer.gateway.config import GatewaySettings, allowed_models
-from producer.gateway.errors import APIError, bad_request
+from inferq.schemas.fold import Assembly, Piece
+from inferq.producer.gateway.backend import Backend
+from inferq.producer.gateway.config import GatewaySettings, allowed_models
+from inferq.producer.gateway.errors import APIError, bad_request
 
 
 @dataclass
@@ -26,7 +26,7 @@ class Context:
     backend: Backend
     settings: GatewaySettings
     default_model: str
-    metrics: Any  # producer.gateway.metrics.GatewayMetrics
+    metrics: Any  # inferq.producer.gateway.metrics.GatewayMetrics
 
 
 def ctx_of(request: Request) -> Context:

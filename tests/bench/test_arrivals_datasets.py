@@ -7,8 +7,8 @@ import statistics
 
 import pytest
 
-from producer.bench.arrivals import arrival_offsets
-from producer.bench.datasets import jsonl_dataset, random_dataset, shared_prefix_dataset
+from inferq.bench.arrivals import arrival_offsets
+from inferq.bench.datasets import jsonl_dataset, random_dataset, shared_prefix_dataset
 
 
 def gaps(offsets):

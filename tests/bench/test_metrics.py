@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from producer.bench.metrics import (
+from inferq.bench.metrics import (
     RequestRecord,
     compute_metrics,
     meets_slos,

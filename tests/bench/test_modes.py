@@ -6,14 +6,14 @@ import json
 
 import pytest
 
-from gpuworker.bench.mixed_workload import mixed_workload
+from inferq.bench.mixed_workload import mixed_workload
 
 SHORT, LONG, OUT, N, CHUNK, STATIC_B = (4, 12), (40, 60), (2, 6), 6, 16, 2
 
 
 @pytest.fixture(scope="module")
 def modes_run(tmp_path_factory, tiny_model_folder):
-    from inferq.bench_cli import main as bench_main
+    from inferq.bench.cli import main as bench_main
 
     tmp = tmp_path_factory.mktemp("modes")
     folder = tiny_model_folder
@@ -91,7 +91,7 @@ def test_mixed_workload_shape():
                                        (["--short-input", "9,3"], "MIN <= MAX"),
                                        (["--threads", "0"], "--threads")])
 def test_modes_bad_options(argv, msg, capsys):
-    from gpuworker.bench.modes import parse_args
+    from inferq.bench.modes import parse_args
 
     with pytest.raises(SystemExit):
         parse_args(argv)
@@ -99,7 +99,7 @@ def test_modes_bad_options(argv, msg, capsys):
 
 
 def test_step_cost_fit_recovers_a_line():
-    from gpuworker.bench.modes import step_cost_fit
+    from inferq.bench.modes import step_cost_fit
 
     res = {"a": {"latency": {"steps_tokens_ms": [[1, 110.0], [10, 200.0]]}},
            "b": {"latency": {"steps_tokens_ms": [[100, 1100.0], [40, 500.0]]}}}
@@ -109,8 +109,8 @@ def test_step_cost_fit_recovers_a_line():
 
 
 def test_kv_waste_arithmetic():
-    from gpuworker.bench.modes import summarize_kv
-    from gpuworker.bench.replay import KVSample, Trace
+    from inferq.bench.modes import summarize_kv
+    from inferq.bench.replay import KVSample, Trace
 
     # step 1: one request, 20 tokens in 2 blocks of 16; step 2: two requests, 50 tokens in 4 blocks
     samples = [KVSample(1, 20, 32, 40), KVSample(2, 50, 64, 100)]
@@ -122,7 +122,7 @@ def test_kv_waste_arithmetic():
 
 
 def test_step_cost_fit_with_sequences():
-    from gpuworker.bench.modes import step_cost_fit
+    from inferq.bench.modes import step_cost_fit
 
     # ms = 50 + 2 * tokens + 30 * seqs
     pts = [[t, 50 + 2 * t + 30 * q, q] for t, q in [(1, 1), (8, 8), (100, 1), (120, 4), (16, 16), (300, 2)]]

@@ -38,8 +38,8 @@ def test_bench_speculative_dispatches_and_reports_both_systems(capsys):
 
 
 def test_bench_roofline_models_a_step(tmp_path, capsys):
-    from gpuworker.bench.roofline import SMOLLM2, Machine, step_cost, step_ms
-    from gpuworker.bench.random_model_shapes import parameter_count
+    from inferq.bench.roofline import SMOLLM2, Machine, step_cost, step_ms
+    from inferq.bench.random_model_shapes import parameter_count
 
     assert 134e6 < parameter_count(SMOLLM2) < 136e6  # the bundled model's published size
     cost = step_cost(SMOLLM2, batch=1, context=512, dtype_bytes=4)
@@ -48,7 +48,7 @@ def test_bench_roofline_models_a_step(tmp_path, capsys):
     assert slow_memory["matmul"][1] == "memory" and slow_memory["attn"][1] == "memory"
     big = step_ms(step_cost(SMOLLM2, batch=512, context=512, dtype_bytes=4), Machine("m", 1, gbs=1e3, gflops=1.0))
     assert big["matmul"][1] == "compute"
-    from gpuworker.models import cpu_linear
+    from inferq.gpuworker.models import cpu_linear
 
     if cpu_linear.load() is None:
         pytest.skip("no C compiler here: nothing to measure the ceilings with")

@@ -2,7 +2,7 @@
 import subprocess
 import sys
 
-from gpuworker.bench.process_memory import process_tree, system_memory
+from inferq.bench.process_memory import process_tree, system_memory
 
 # A parent (as vLLM's front end) whose child (as its engine core) touches 256 MiB, so it is
 # resident; both wait for stdin to close. Started from here, the tree is only those two

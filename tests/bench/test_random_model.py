@@ -12,9 +12,9 @@ import json
 import pytest
 from safetensors import safe_open
 
-from gpuworker.bench.random_model import random_model_folder
-from gpuworker.bench.random_model_shapes import SHAPES, parameter_count
-from gpuworker.models.config import ModelConfig
+from inferq.bench.random_model import random_model_folder
+from inferq.bench.random_model_shapes import SHAPES, parameter_count
+from inferq.gpuworker.models.config import ModelConfig
 
 # name: (hidden, layers, heads, kv heads, intermediate, vocab, tied, rope_theta, arch)
 PUBLISHED = {
@@ -54,8 +54,8 @@ def _tree(root):
 
 
 def test_tiny_folder_loads_in_the_engine_and_is_written_once(tmp_path):
-    from gpuworker import LLM
-    from schemas import SamplingParams
+    from inferq.gpuworker import LLM
+    from inferq.schemas import SamplingParams
 
     logs = []
     folder = random_model_folder("tiny-qwen2", dtype="float32", root=tmp_path, shape=TINY, log=logs.append)

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from inferq.bench_cli import main as bench_main
-from producer.bench.datasets import random_dataset
+from inferq.bench.cli import main as bench_main
+from inferq.bench.datasets import random_dataset
 from tests.gateway.stack import running_gateway
 
 N, IN_LEN, OUT_LEN = 6, 24, 6

@@ -26,7 +26,7 @@ def test_bench_step_reports_split_and_one_sync(tiny_model_folder, tmp_path, caps
 
 
 def test_vllm_peer_needs_its_python(monkeypatch, tmp_path):
-    from gpuworker.bench.vllm_peer import ENV_PYTHON, vllm_python
+    from inferq.bench.vllm_peer import ENV_PYTHON, vllm_python
 
     monkeypatch.delenv(ENV_PYTHON, raising=False)
     with pytest.raises(SystemExit, match="setup_vllm_peer.sh"):
@@ -42,7 +42,7 @@ def test_vllm_peer_script_imports_no_inferq():
     import ast
     from pathlib import Path
 
-    import gpuworker.bench.vllm_peer as peer
+    import inferq.bench.vllm_peer as peer
 
     tree = ast.parse(Path(peer.__file__).read_text())
     top = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from inferq.bench_cli import main as bench_main
+from inferq.bench.cli import main as bench_main
 from tests.workers import WorkerProc
 
 ROOT = Path(__file__).resolve().parents[2]

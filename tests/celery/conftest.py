@@ -28,7 +28,7 @@ def launch_celery(env: dict, cwd, name: str, concurrency: int = 4) -> tuple[subp
     """A real `celery worker` process (threads pool: tasks only wait on Redis, no
     model runs in Celery) on queue inferq, and a reader of its output."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "producer.celery_app", "worker", "-P", "threads", "-c",
+        [sys.executable, "-m", "celery", "-A", "inferq.producer.celery_app", "worker", "-P", "threads", "-c",
          str(concurrency), "-Q", "inferq", "-n", f"{name}@%h", "--without-mingle", "--without-gossip", "-l", "info"],
         cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     return proc, LineReader(proc.stdout)
@@ -56,7 +56,7 @@ def celery_app(stack, celery_worker):
     """The client side (the tasks module), pointed at the same broker as the worker."""
     saved = os.environ.get("INFERQ_REDIS_URL")
     os.environ["INFERQ_REDIS_URL"] = stack.url
-    from producer import celery_tasks
+    from inferq.producer import celery_tasks
 
     celery_tasks.app.conf.update(broker_url=stack.url, result_backend=stack.url)
     yield celery_tasks

@@ -6,11 +6,11 @@ import time
 import pytest
 import redis
 
-from producer import JobFailed, Producer
-from producer.maintenance import (
+from inferq.producer import JobFailed, Producer
+from inferq.producer.maintenance import (
     MaintenanceSettings, dead_letter_exceeded, expire_finished_replies, reclaim_stale, run_all,
 )
-from schemas import DoneEvent, Job, encode_event, keys
+from inferq.schemas import DoneEvent, Job, encode_event, keys
 
 MODEL = "maint"
 S = MaintenanceSettings(lease_seconds=0.05, max_deliveries=3, reply_ttl=600)  # min idle 150 ms

@@ -7,8 +7,8 @@ import time
 import pytest
 import redis
 
-from producer import Producer
-from schemas.keys import stats as stats_key
+from inferq.producer import Producer
+from inferq.schemas.keys import stats as stats_key
 from tests.celery.conftest import celery_env
 from tests.gateway.stack import TINY
 
@@ -62,7 +62,7 @@ def test_beat_schedules_the_maintenance(celery_worker, stack, tmp_path):
     r = redis.Redis.from_url(stack.url)
     r.delete(stats_key(TINY))
     beat = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "producer.celery_app", "beat", "-s", str(tmp_path / "schedule"),
+        [sys.executable, "-m", "celery", "-A", "inferq.producer.celery_app", "beat", "-s", str(tmp_path / "schedule"),
          "-l", "info"], cwd=tmp_path, env=celery_env(stack, INFERQ_MAINTENANCE_INTERVAL="1"),
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:

@@ -11,8 +11,8 @@ import httpx
 import pytest
 import redis
 
-from producer import Producer
-from schemas import keys
+from inferq.producer import Producer
+from inferq.schemas import keys
 from tests.cli.procs import env_without
 from tests.conftest import free_port
 from tests.gateway.stack import TINY
@@ -174,7 +174,7 @@ def test_redis_unreachable_is_a_clear_error():
 def test_dlq_retry_refused_by_admission_keeps_everything(redis_url, monkeypatch):
     """A re-admission the queue refuses (here: the backlog is at its bound)
     leaves the DLQ entry, the job record and its reply stream as they were."""
-    from schemas import ErrorEvent, Job, encode_event, records
+    from inferq.schemas import ErrorEvent, Job, encode_event, records
 
     r = redis.Redis.from_url(redis_url)
     job = Job(model="dlqm", prompt="x")

@@ -46,7 +46,7 @@ def test_gateway_health_reflects_redis_auth(locked_redis):
 
 
 def test_celery_broker_url_carries_the_password(locked_redis):
-    code = ("from producer.celery_app import make_celery; a = make_celery(); import redis;"
+    code = ("from inferq.producer.celery_app import make_celery; a = make_celery(); import redis;"
             "print(a.conf.broker_url); print(redis.Redis.from_url(a.conf.broker_url).ping())")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT,
                        env=env_without("INFERQ_REDIS_URL", INFERQ_REDIS_URL=f"redis://127.0.0.1:{locked_redis.port}/0",

@@ -14,7 +14,7 @@ import pytest
 import redis
 from openai import OpenAI
 
-from schemas import keys
+from inferq.schemas import keys
 from tests.cli.procs import LineReader, children_of, env_without, running
 from tests.conftest import free_port
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import redis
 from openai import OpenAI
 
-from producer import Producer
+from inferq.producer import Producer
 from tests.cli.procs import LineReader, children_of, env_without, running
 from tests.conftest import free_port
 

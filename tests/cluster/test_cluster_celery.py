@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from producer import Producer
-from schemas import keys
-from schemas.connection import RedisSettings, sync_client
+from inferq.producer import Producer
+from inferq.schemas import keys
+from inferq.schemas.connection import RedisSettings, sync_client
 from tests.celery.conftest import launch_celery, stop_celery
 from tests.cli.procs import env_without
 from tests.service.conftest import tiny_model, wait_for  # noqa: F401
@@ -27,7 +27,7 @@ def test_celery_on_its_own_redis_with_jobs_on_the_cluster(redis_cluster, redis_u
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     # Without its own broker, Celery on a cluster refuses with a clear message.
-    from producer.celery_app import CelerySettings, broker_url
+    from inferq.producer.celery_app import CelerySettings, broker_url
 
     with pytest.raises(ValueError, match="INFERQ_CELERY_BROKER_URL"):
         broker_url(CelerySettings(celery_broker_url=None))

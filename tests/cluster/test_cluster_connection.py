@@ -24,9 +24,9 @@ import redis
 from pydantic import ValidationError
 from redis.crc import key_slot
 
-from gpuworker.service.batch import Batch, retrying
-from schemas.connection import RedisSettings, async_client, sync_client
-from schemas.redis_errors import TRANSIENT, is_cluster_client
+from inferq.gpuworker.service.batch import Batch, retrying
+from inferq.schemas.connection import RedisSettings, async_client, sync_client
+from inferq.schemas.redis_errors import TRANSIENT, is_cluster_client
 from tests.redis_cluster import RedisClusterDeployment
 
 # Both keys of a script share the hash tag, so they share a slot.
@@ -117,7 +117,7 @@ def test_bad_cluster_config_is_a_clear_value_error(url, message):
 
 def test_celery_needs_its_own_broker_in_cluster_mode(monkeypatch):
     pytest.importorskip("celery", reason="the celery extra is not installed")
-    from producer.celery_app import CelerySettings, broker_url
+    from inferq.producer.celery_app import CelerySettings, broker_url
 
     monkeypatch.setenv("INFERQ_REDIS_MODE", "cluster")
     monkeypatch.setenv("INFERQ_REDIS_URL", "redis://h1:7000,redis://h2:7001")
@@ -314,7 +314,7 @@ def test_gateway_answers_503_for_a_cluster_between_topologies(error):
     from fastapi import FastAPI
     from fastapi.testclient import TestClient
 
-    from producer.gateway.errors import install_error_handlers
+    from inferq.producer.gateway.errors import install_error_handlers
 
     app = FastAPI()
     install_error_handlers(app)

@@ -12,9 +12,9 @@ import pytest
 import redis
 from redis.crc import key_slot
 
-from producer import AsyncProducer, Producer
-from schemas import SamplingParams, decode_event, keys
-from schemas.connection import RedisSettings, sync_client
+from inferq.producer import AsyncProducer, Producer
+from inferq.schemas import SamplingParams, decode_event, keys
+from inferq.schemas.connection import RedisSettings, sync_client
 from tests.gateway.stack import running_gateway
 from tests.service.conftest import offline_llm, start_worker, tiny_model, wait_for  # noqa: F401
 from tests.workers import WorkerProc
@@ -160,7 +160,7 @@ def test_the_cli_and_housekeeping_work_on_the_cluster(redis_cluster, monkeypatch
     import subprocess
     import sys
 
-    from producer.maintenance import MaintenanceSettings, run_all
+    from inferq.producer.maintenance import MaintenanceSettings, run_all
     from tests.cli.procs import env_without
 
     env = {**redis_cluster.env(), "INFERQ_PARTITIONS": "2"}

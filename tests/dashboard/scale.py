@@ -15,8 +15,8 @@ import json
 import statistics
 import time
 
-from schemas import Job, keys, records
-from schemas.queues import Lane
+from inferq.schemas import Job, keys, records
+from inferq.schemas.queues import Lane
 
 MODEL = "scale"
 TENANTS = 50

@@ -42,7 +42,7 @@ def acme(url):
 
 def dashboard_routes(url):
     """(method, path template) of every dashboard route the app serves."""
-    from producer.gateway import dashboard
+    from inferq.producer.gateway import dashboard
 
     out = []
     for part in dashboard.PARTS:

@@ -22,7 +22,7 @@ import pytest
 import redis
 from openai import OpenAI
 
-from schemas import keys
+from inferq.schemas import keys
 from tests.conftest import RedisServer, free_port
 from tests.dashboard.browser import artifacts_dir, start_browser
 from tests.gateway.stack import running_gateway

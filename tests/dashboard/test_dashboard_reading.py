@@ -3,10 +3,10 @@
 timeline of attempts, with real encoded events."""
 import math
 
-from schemas import encode_event
-from schemas.events import DeltaEvent, DoneEvent, QueuedEvent, RestartedEvent, StartedEvent
-from producer.gateway.dashboard import timeline
-from producer.gateway.dashboard.sampler import quantile
+from inferq.schemas import encode_event
+from inferq.schemas.events import DeltaEvent, DoneEvent, QueuedEvent, RestartedEvent, StartedEvent
+from inferq.producer.gateway.dashboard import timeline
+from inferq.producer.gateway.dashboard.sampler import quantile
 
 
 def test_quantile_interpolates_inside_the_bucket():

@@ -20,8 +20,8 @@ PROMQL = {"sum", "by", "rate", "increase", "histogram_quantile", "max", "min", "
 
 def exported_names() -> set[str]:
     """Every sample name the two registries can expose (a histogram's _bucket/_sum/_count, a counter's _total)."""
-    from gpuworker.metrics import WorkerMetrics
-    from producer.gateway.metrics import GatewayMetrics
+    from inferq.gpuworker.metrics import WorkerMetrics
+    from inferq.producer.gateway.metrics import GatewayMetrics
 
     suffixes = {"counter": ("_total", "_created"), "histogram": ("_bucket", "_sum", "_count", "_created"),
                 "gauge": ("",), "info": ("_info",), "summary": ("", "_sum", "_count")}

@@ -79,8 +79,8 @@ def test_gateway_and_celery(compose):
     assert g["depends_on"]["redis"]["condition"] == "service_healthy"
     assert "INFERQ_GATEWAY_API_KEYS" in env_of(g)
     assert "/ready" in " ".join(g["healthcheck"]["test"])  # healthy = a worker serves, not just "process up"
-    assert s["celery-worker"]["command"][:4] == ["celery", "-A", "producer.celery_app", "worker"]
-    assert s["celery-beat"]["command"][:4] == ["celery", "-A", "producer.celery_app", "beat"]
+    assert s["celery-worker"]["command"][:4] == ["celery", "-A", "inferq.producer.celery_app", "worker"]
+    assert s["celery-beat"]["command"][:4] == ["celery", "-A", "inferq.producer.celery_app", "beat"]
     for name in ("gateway", "celery-worker", "celery-beat"):
         assert s[name]["build"]["dockerfile"] == "docker/Dockerfile.slim", name
 

@@ -42,8 +42,8 @@ def test_install_on_the_system_python_uses_a_project_venv(tmp_path):
     assert "up" in cli.stdout and "worker" in cli.stdout
     # The worker side and the bundled model are in that environment too.
     probe = subprocess.run([str(venv / "bin" / "python"), "-c",
-                            "import torch, gpuworker.engine.llm_engine\n"
-                            "from gpuworker.models.loader import bundled_model_path; print(bundled_model_path())"],
+                            "import torch, inferq.gpuworker.engine.llm_engine\n"
+                            "from inferq.gpuworker.models.loader import bundled_model_path; print(bundled_model_path())"],
                            env=env, capture_output=True, text=True, timeout=300)
     assert probe.returncode == 0, probe.stderr
 

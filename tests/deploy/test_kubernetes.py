@@ -28,7 +28,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from schemas import keys
+from inferq.schemas import keys
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy" / "kubernetes"
@@ -224,10 +224,10 @@ def test_the_unmutated_objects_pass():
 
 # -- consistency ---------------------------------------------------------------
 def _settings_env_names() -> set[str]:
-    from gpuworker.service.settings import WorkerSettings
-    from producer.gateway.config import GatewaySettings
-    from producer.maintenance import MaintenanceSettings
-    from producer.settings import ProducerSettings
+    from inferq.gpuworker.service.settings import WorkerSettings
+    from inferq.producer.gateway.config import GatewaySettings
+    from inferq.producer.maintenance import MaintenanceSettings
+    from inferq.producer.settings import ProducerSettings
 
     names = set()
     for cls in (WorkerSettings, ProducerSettings, GatewaySettings, MaintenanceSettings):

@@ -7,7 +7,7 @@ import torch
 
 @pytest.fixture(scope="session")
 def smol_folder():
-    from gpuworker.models.loader import bundled_model_path, converted_folder
+    from inferq.gpuworker.models.loader import bundled_model_path, converted_folder
 
     return converted_folder(bundled_model_path())
 
@@ -25,7 +25,7 @@ def hf_smol(smol_folder):
 @pytest.fixture(scope="session")
 def smol_llm():
     """A shared engine with room to spare; tests that need tight limits build their own."""
-    from gpuworker import LLM
+    from inferq.gpuworker import LLM
 
     torch.set_num_threads(1)
     return LLM(dtype="float32", num_kv_blocks=256, max_num_batched_tokens=256)

@@ -1,10 +1,10 @@
 """Block pool and KV cache manager: ref counts, LRU eviction, prefix hits."""
 import pytest
 
-from gpuworker.engine.block_pool import BlockPool, hash_block
-from gpuworker.engine.kv_cache_manager import KVCacheManager
-from gpuworker.engine.request import Request
-from schemas import SamplingParams
+from inferq.gpuworker.engine.block_pool import BlockPool, hash_block
+from inferq.gpuworker.engine.kv_cache_manager import KVCacheManager
+from inferq.gpuworker.engine.request import Request
+from inferq.schemas import SamplingParams
 
 
 def req(rid, tokens):

@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from gpuworker.engine.detokenizer import IncrementalDetokenizer
-from schemas import SamplingParams
+from inferq.gpuworker.engine.detokenizer import IncrementalDetokenizer
+from inferq.schemas import SamplingParams
 from tests.engine.stop_reference import first_stop, longest_stop_prefix_tail
 
 TEXTS = [
@@ -20,8 +20,8 @@ TEXTS = [
 
 @pytest.fixture(scope="session")
 def tok():
-    from gpuworker.models.gguf_loader import converted_folder
-    from gpuworker.models.loader import bundled_model_path, load_tokenizer
+    from inferq.gpuworker.models.gguf_loader import converted_folder
+    from inferq.gpuworker.models.loader import bundled_model_path, load_tokenizer
 
     return load_tokenizer(converted_folder(bundled_model_path()))
 

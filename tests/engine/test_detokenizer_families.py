@@ -20,8 +20,8 @@ import random
 
 import pytest
 
-from gpuworker.engine.detokenizer import IncrementalDetokenizer, _gpt2_byte_decoder, byte_fallback_ids
-from schemas import SamplingParams
+from inferq.gpuworker.engine.detokenizer import IncrementalDetokenizer, _gpt2_byte_decoder, byte_fallback_ids
+from inferq.schemas import SamplingParams
 from tests.engine.stop_reference import first_stop, longest_stop_prefix_tail
 
 FFFD = "\ufffd"
@@ -249,8 +249,8 @@ def test_wordpiece_fuzz(wordpiece_tok):
 # -------------------------------------------------------------- the real SmolLM2
 @pytest.fixture(scope="module")
 def smol_tok():
-    from gpuworker.models.gguf_loader import converted_folder
-    from gpuworker.models.loader import bundled_model_path, load_tokenizer
+    from inferq.gpuworker.models.gguf_loader import converted_folder
+    from inferq.gpuworker.models.loader import bundled_model_path, load_tokenizer
 
     return load_tokenizer(converted_folder(bundled_model_path()))
 
@@ -292,7 +292,7 @@ def test_engine_text_is_exact_with_a_byte_fallback_tokenizer(sp_bytes_tok, tmp_p
     deltas equal a full decode of the output ids, with and without stop strings."""
     import torch
 
-    from gpuworker import LLM
+    from inferq.gpuworker import LLM
     from tests.tiny_models import save_tiny_model
 
     torch.set_num_threads(1)
@@ -335,7 +335,7 @@ def test_engine_text_is_exact_with_a_byte_fallback_tokenizer(sp_bytes_tok, tmp_p
 def test_incomplete_tail_cut_never_changes_with_what_follows():
     """Bytes before the cut decode (with U+FFFD) exactly as they will in any longer
     text; the held tail is at most 3 bytes and is the start of a valid character."""
-    from gpuworker.engine.detokenizer import _incomplete_tail
+    from inferq.gpuworker.engine.detokenizer import _incomplete_tail
 
     rng = random.Random(3)
     alphabet = [0x41, 0x80, 0x8F, 0x90, 0x9F, 0xA0, 0xBF, 0xC0, 0xC2, 0xDF, 0xE0, 0xE2, 0xED, 0xEF, 0xF0, 0xF4, 0xF5, 0xFF]
@@ -352,7 +352,7 @@ def test_incomplete_tail_cut_never_changes_with_what_follows():
 
 
 def test_smollm2_uses_byte_mode(smol_tok):
-    from gpuworker.engine.detokenizer import byte_level_table
+    from inferq.gpuworker.engine.detokenizer import byte_level_table
 
     table = byte_level_table(smol_tok)
     assert table is not None

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import torch
 
-from gpuworker import LLM
-from schemas import SamplingParams
+from inferq.gpuworker import LLM
+from inferq.schemas import SamplingParams
 
 GREEDY = SamplingParams(max_tokens=32, temperature=0, ignore_eos=True)
 
@@ -59,8 +59,8 @@ def _teacher_forced_logits(eng, seq: list[int]) -> torch.Tensor:
 
 
 def test_default_dtype_follows_the_cpu(monkeypatch):
-    from gpuworker import config as cfgmod
-    from gpuworker.config import EngineConfig
+    from inferq.gpuworker import config as cfgmod
+    from inferq.gpuworker.config import EngineConfig
 
     cpu = torch.device("cpu")
     assert EngineConfig(dtype="float32").resolved_dtype(cpu) == torch.float32

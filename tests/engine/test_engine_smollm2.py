@@ -5,8 +5,8 @@ import time
 
 import pytest
 
-from gpuworker import LLM
-from schemas import SamplingParams
+from inferq.gpuworker import LLM
+from inferq.schemas import SamplingParams
 from tests.engine.hf_oracle import compare_greedy, hf_greedy
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)

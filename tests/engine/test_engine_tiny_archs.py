@@ -7,8 +7,8 @@ import random
 import pytest
 import torch
 
-from gpuworker import LLM
-from schemas import SamplingParams
+from inferq.gpuworker import LLM
+from inferq.schemas import SamplingParams
 from tests.engine.hf_oracle import compare_greedy, hf_greedy
 from tests.tiny_models import TINY_ARCHS, save_tiny_model
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuworker.attention import cpu_kernels
+from inferq.gpuworker.attention import cpu_kernels
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_weight_memory.py"
 

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from schemas import SamplingParams
+from inferq.schemas import SamplingParams
 from tests.tiny_models import save_tiny_model
 
 
@@ -17,7 +17,7 @@ def tiny_folder(tmp_path_factory):
 
 
 def _llm(folder):
-    from gpuworker import LLM
+    from inferq.gpuworker import LLM
 
     torch.set_num_threads(1)
     return LLM(model=str(folder), dtype="float32", num_kv_blocks=64, max_num_batched_tokens=128)
@@ -27,7 +27,7 @@ PROMPT = [1, 100, 200, 300, 400]
 
 
 def test_union_of_config_generation_config_and_tokenizer(tiny_folder, tmp_path):
-    from gpuworker.models.loader import discover_eos_token_ids, load_tokenizer
+    from inferq.gpuworker.models.loader import discover_eos_token_ids, load_tokenizer
 
     tok = load_tokenizer(tiny_folder)
     (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [128001, 128009, 7]}))
@@ -90,7 +90,7 @@ def test_gguf_eos_eot_and_eom_all_end_a_reply(tmp_path):
     import gguf
     from gguf import GGUFReader
 
-    from gpuworker.models.gguf_loader import _gguf_eos_ids
+    from inferq.gpuworker.models.gguf_loader import _gguf_eos_ids
 
     path = tmp_path / "ids.gguf"
     w = gguf.GGUFWriter(str(path), "llama")

@@ -15,7 +15,7 @@ ROUNDS = 16
 PAGES = 2048 * 5120 * 4 // 4096
 PROBE = r"""
 import json, resource, sys, torch
-from gpuworker.engine import host_malloc
+from inferq.gpuworker.engine import host_malloc
 host_malloc.retain_freed_memory()
 out = []
 for _ in range(%d):
@@ -38,7 +38,7 @@ def _run(code: str, keep: str, **env_extra: str) -> str:
 
 def _applied(keep: str, **env_extra: str):
     """What retain_freed_memory() returns in a fresh process."""
-    return json.loads(_run("import json; from gpuworker.engine import host_malloc; "
+    return json.loads(_run("import json; from inferq.gpuworker.engine import host_malloc; "
                            "print(json.dumps(host_malloc.retain_freed_memory()))", keep, **env_extra))
 
 

@@ -1,10 +1,10 @@
 """The model runner's persistent block table follows the KV manager's tables."""
 from __future__ import annotations
 
-from gpuworker.engine.kv_cache_manager import KVCacheManager
-from gpuworker.engine.model_runner import PersistentBlockTable
-from gpuworker.engine.request import Request
-from schemas import SamplingParams
+from inferq.gpuworker.engine.kv_cache_manager import KVCacheManager
+from inferq.gpuworker.engine.model_runner import PersistentBlockTable
+from inferq.gpuworker.engine.request import Request
+from inferq.schemas import SamplingParams
 
 
 def _req(rid: str, n: int) -> Request:

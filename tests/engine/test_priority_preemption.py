@@ -8,10 +8,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gpuworker.engine.kv_cache_manager import KVCacheManager
-from gpuworker.engine.request import Request, RequestStatus
-from gpuworker.engine.scheduler import Scheduler
-from schemas import SamplingParams
+from inferq.gpuworker.engine.kv_cache_manager import KVCacheManager
+from inferq.gpuworker.engine.request import Request, RequestStatus
+from inferq.gpuworker.engine.scheduler import Scheduler
+from inferq.schemas import SamplingParams
 
 
 # -- scheduler level (no model) --------------------------------------------------
@@ -197,7 +197,7 @@ def tiny_folder(tmp_path_factory):
 
 
 def engine(folder, **kw):
-    from gpuworker import LLM
+    from inferq.gpuworker import LLM
 
     torch.set_num_threads(1)
     cfg = dict(dtype="float32", block_size=4, max_num_batched_tokens=64, scheduling_policy="priority")
@@ -283,8 +283,8 @@ def test_engine_priority_preemption_resumes_with_identical_greedy_output(tiny_fo
 def test_priority_preemptions_are_their_own_metric_series_and_not_a_kv_shortage():
     from prometheus_client import generate_latest
 
-    from gpuworker.engine.outputs import EngineStats
-    from gpuworker.metrics import WorkerMetrics
+    from inferq.gpuworker.engine.outputs import EngineStats
+    from inferq.gpuworker.metrics import WorkerMetrics
     from inferq.doctor import Sample, diagnose
 
     def stats(total, priority):

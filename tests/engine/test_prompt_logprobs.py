@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from schemas import SamplingParams
+from inferq.schemas import SamplingParams
 
 BOUND = 2e-3
 
@@ -78,7 +78,7 @@ def test_prompt_logprobs_survive_chunking_preemption_and_shared_prefixes(tmp_pat
 
     from transformers import AutoModelForCausalLM
 
-    from gpuworker import LLM
+    from inferq.gpuworker import LLM
     from tests.tiny_models import save_tiny_model
 
     torch.set_num_threads(1)

@@ -6,8 +6,8 @@ import math
 import pytest
 import torch
 
-from gpuworker.engine.sampler import Sampler, SamplingRow, make_generator
-from schemas import SamplingParams
+from inferq.gpuworker.engine.sampler import Sampler, SamplingRow, make_generator
+from inferq.schemas import SamplingParams
 
 torch.set_num_threads(1)
 sampler = Sampler()
@@ -252,7 +252,7 @@ def test_penalty_history_kept_across_steps_matches_the_token_lists():
     # The engine keeps each request's history (PenaltyTokens) across steps and
     # appends one token a step; every step must penalise exactly as if the history
     # were rebuilt from the lists. Prompts repeat ids and hold ids past the vocab.
-    from gpuworker.engine.penalty_tokens import PenaltyTokens
+    from inferq.gpuworker.engine.penalty_tokens import PenaltyTokens
 
     vocab = 20  # logprobs of the whole vocabulary (at most MAX_LOGPROBS) show every penalised logit
     g = torch.Generator().manual_seed(3)
@@ -353,7 +353,7 @@ def test_top_k_alone_on_a_large_vocabulary():
 
 
 def test_draw_never_lands_on_a_zero_probability_token():
-    from gpuworker.engine.sampler import _draw
+    from inferq.gpuworker.engine.sampler import _draw
 
     logits = torch.tensor([[1.0, 2.0, float("-inf"), float("-inf")], [float("-inf"), 0.0, 0.0, float("-inf")]])
     for u in (0.0, 0.5, 1.0 - 1e-7, 1.0):
@@ -365,7 +365,7 @@ def test_draw_never_lands_on_a_zero_probability_token():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("vocab", [7, 1024, 1025, 1536, 49152, 50_003])
 def test_greedy_argmax_equals_argmax_ties_included(dtype, vocab):
-    from gpuworker.engine.sampler import greedy_argmax
+    from inferq.gpuworker.engine.sampler import greedy_argmax
 
     g = torch.Generator().manual_seed(vocab)
     x = (torch.randn(40, vocab, generator=g) * 0.3).to(dtype)  # low precision: many ties
@@ -380,7 +380,7 @@ def test_greedy_argmax_equals_argmax_ties_included(dtype, vocab):
 
 
 def test_greedy_argmax_on_a_column_slice_and_nan_rows():
-    from gpuworker.engine.sampler import greedy_argmax
+    from inferq.gpuworker.engine.sampler import greedy_argmax
 
     x = torch.randn(6, 4000, generator=torch.Generator().manual_seed(1))
     x[2, 1234] = float("nan")
@@ -394,7 +394,7 @@ def test_nucleus_of_three_in_a_flat_row_needs_many_pivots_and_stays_exact(monkey
     """Top-p keeping 3 of 6,000 nearly equal tokens: most first draws are rejected,
     the pivoted redraws (and, with no rounds allowed, the sorted fallback) must give
     the renormalised three-token distribution."""
-    import gpuworker.engine.sampler as smp
+    import inferq.gpuworker.engine.sampler as smp
 
     vocab = 6000
     logits = -torch.arange(vocab, dtype=torch.float64) * 1e-4
@@ -451,7 +451,7 @@ def test_nucleus_with_min_p_and_temperature_over_a_large_vocabulary():
 
 
 def test_block_draw_equals_a_full_cumsum_draw():
-    from gpuworker.engine.sampler import _draw_unnormalised
+    from inferq.gpuworker.engine.sampler import _draw_unnormalised
 
     g = torch.Generator().manual_seed(8)
     for vocab in (2048, 2049, 5000):

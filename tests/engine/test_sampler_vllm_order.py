@@ -19,8 +19,8 @@ import math
 import pytest
 import torch
 
-from gpuworker.engine.sampler import Sampler, SamplingRow, make_generator
-from schemas import SamplingParams
+from inferq.gpuworker.engine.sampler import Sampler, SamplingRow, make_generator
+from inferq.schemas import SamplingParams
 
 torch.set_num_threads(1)
 sampler = Sampler()

@@ -1,8 +1,8 @@
 """Scheduler behaviour without a model: budgets, chunking, preemption, priority."""
-from gpuworker.engine.kv_cache_manager import KVCacheManager
-from gpuworker.engine.request import Request, RequestStatus
-from gpuworker.engine.scheduler import Scheduler
-from schemas import SamplingParams
+from inferq.gpuworker.engine.kv_cache_manager import KVCacheManager
+from inferq.gpuworker.engine.request import Request, RequestStatus
+from inferq.gpuworker.engine.scheduler import Scheduler
+from inferq.schemas import SamplingParams
 
 
 def make(num_blocks=64, block_size=4, seqs=8, budget=16, policy="fcfs", caching=True):

@@ -9,10 +9,10 @@ import queue
 
 import pytest
 
-from schemas import Job, SamplingParams
-from gpuworker.service.engine_loop import EngineLoop
-from gpuworker.service.messages import AbortJob, AddJob, StepOutput
-from gpuworker.service.state import InFlight, JobState
+from inferq.schemas import Job, SamplingParams
+from inferq.gpuworker.service.engine_loop import EngineLoop
+from inferq.gpuworker.service.messages import AbortJob, AddJob, StepOutput
+from inferq.gpuworker.service.state import InFlight, JobState
 
 PROMPT = ("Redis streams are an append-only log data structure. Consumer groups let several workers share "
           "one stream, each entry delivered to one consumer, with pending entries tracked until acknowledged. ") * 2

@@ -8,10 +8,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gpuworker import LLM
-from gpuworker.engine.speculative.config import SpeculativeConfig
-from gpuworker.engine.speculative.proposer import Proposer
-from schemas import SamplingParams
+from inferq.gpuworker import LLM
+from inferq.gpuworker.engine.speculative.config import SpeculativeConfig
+from inferq.gpuworker.engine.speculative.proposer import Proposer
+from inferq.schemas import SamplingParams
 from tests.engine.hf_oracle import compare_greedy
 
 NGRAM = {"method": "ngram", "k": 4}
@@ -227,7 +227,7 @@ def test_requests_with_bias_min_tokens_or_penalties_do_not_speculate(spec_llm, s
     ('{"method": "ngram", "k": ', "json"),
 ])
 def test_bad_speculative_configs_are_clear_errors(bad, message):
-    from gpuworker.config import EngineConfig
+    from inferq.gpuworker.config import EngineConfig
 
     with pytest.raises(ValueError, match=f"(?i){message}"):
         EngineConfig(speculative=bad)
@@ -239,7 +239,7 @@ def test_structured_outputs_speculate_and_stay_identical_and_valid(spec_llm, smo
 
     import jsonschema
 
-    from schemas import StructuredOutputs
+    from inferq.schemas import StructuredOutputs
 
     text = {"type": "string", "maxLength": 40}
     schema = {"type": "object", "properties": {"invoice": text, "seller": text, "buyer": text, "address": text,

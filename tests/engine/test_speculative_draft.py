@@ -6,14 +6,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gpuworker import LLM
-from schemas import SamplingParams
+from inferq.gpuworker import LLM
+from inferq.schemas import SamplingParams
 from tests.engine.test_speculative import assert_same_greedy, copy_prompts
 
 
 @pytest.fixture(scope="module")
 def bundled():
-    from gpuworker.models.loader import bundled_model_path
+    from inferq.gpuworker.models.loader import bundled_model_path
 
     return str(bundled_model_path())
 

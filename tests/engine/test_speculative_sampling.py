@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from gpuworker.engine.sampler import Sampler, SamplingRow
-from gpuworker.engine.speculative.ngram import NgramProposer, lookup
-from gpuworker.engine.speculative.verify import expand_rows, split_rows, token_generator
-from schemas import SamplingParams
+from inferq.gpuworker.engine.sampler import Sampler, SamplingRow
+from inferq.gpuworker.engine.speculative.ngram import NgramProposer, lookup
+from inferq.gpuworker.engine.speculative.verify import expand_rows, split_rows, token_generator
+from inferq.schemas import SamplingParams
 
 
 class _Req:

@@ -8,10 +8,10 @@ import jsonschema
 import llguidance
 import pytest
 
-from gpuworker import LLM
-from gpuworker.engine.grammar import GrammarCompiler, GrammarError
-from schemas import SamplingParams, StructuredOutputs
-from gpuworker.bench.structured_cases import PROMPTS, SCHEMAS
+from inferq.gpuworker import LLM
+from inferq.gpuworker.engine.grammar import GrammarCompiler, GrammarError
+from inferq.schemas import SamplingParams, StructuredOutputs
+from inferq.bench.structured_cases import PROMPTS, SCHEMAS
 
 
 def chat(llm, text):
@@ -149,7 +149,7 @@ def test_host_and_device_mask_unpacking_agree():
     import numpy as np
     import torch
 
-    from gpuworker.engine.logits_shaping import unpack_on_device, unpack_on_host
+    from inferq.gpuworker.engine.logits_shaping import unpack_on_device, unpack_on_host
 
     rng = np.random.default_rng(0)
     words = rng.integers(-2**31, 2**31, size=(5, 1536), dtype=np.int64).astype(np.int32)

@@ -77,9 +77,9 @@ def running_gateway(redis_url: str, producer: Optional[dict] = None, **gateway):
     """A gateway app served by uvicorn in a thread, on a free port; yields its base URL."""
     import uvicorn
 
-    from producer.gateway import create_app
-    from producer.gateway.config import GatewaySettings
-    from producer.settings import ProducerSettings
+    from inferq.producer.gateway import create_app
+    from inferq.producer.gateway.config import GatewaySettings
+    from inferq.producer.settings import ProducerSettings
 
     port = free_port()
     settings = GatewaySettings(host="127.0.0.1", port=port, keepalive_s=1.0, **gateway)

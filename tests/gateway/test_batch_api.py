@@ -246,7 +246,7 @@ def test_cli_submit_wait_status_download(batch_gateway, tmp_path):
 
 
 def test_sdk_helper(batch_gateway, tmp_path):
-    from producer.batch import BatchClient
+    from inferq.producer.batch import BatchClient
 
     src = tmp_path / "in.jsonl"
     src.write_text(json.dumps({"custom_id": "sdk", "method": "POST", "url": "/v1/chat/completions",
@@ -265,13 +265,13 @@ def test_a_batch_line_is_the_same_job_as_the_request_alone(stack):
     batch job differs (priority class, metadata, deadline = the batch's expiry)."""
     import asyncio
 
-    from producer.gateway.backend import Backend
-    from producer.gateway.batch_lines import parse_line
-    from producer.gateway.config import GatewaySettings
-    from producer.gateway.openai_jobs import prepare_chat
-    from producer.gateway.openai_schemas import ChatCompletionRequest
-    from producer.gateway.runner import Context, resolve_model
-    from producer.settings import ProducerSettings
+    from inferq.producer.gateway.backend import Backend
+    from inferq.producer.gateway.batch_lines import parse_line
+    from inferq.producer.gateway.config import GatewaySettings
+    from inferq.producer.gateway.openai_jobs import prepare_chat
+    from inferq.producer.gateway.openai_schemas import ChatCompletionRequest
+    from inferq.producer.gateway.runner import Context, resolve_model
+    from inferq.producer.settings import ProducerSettings
 
     body = {**chat_body(3), "stop": ["\n"], "top_p": 0.5, "seed": 7, "logprobs": True, "top_logprobs": 2}
 

@@ -10,8 +10,8 @@ import pytest
 import redis
 from openai import OpenAI
 
-from schemas import keys
-from schemas.text import as_str
+from inferq.schemas import keys
+from inferq.schemas.text import as_str
 from tests.conftest import RedisServer
 from tests.gateway.stack import running_gateway
 from tests.workers import WorkerProc

@@ -11,9 +11,9 @@ import pytest
 import redis
 from openai import OpenAI
 
-from producer import Producer
-from schemas import SamplingParams, keys
-from schemas.events import decode_event
+from inferq.producer import Producer
+from inferq.schemas import SamplingParams, keys
+from inferq.schemas.events import decode_event
 from tests.gateway.stack import TINY, running_gateway
 from tests.gateway.test_batch_api import client_for, parse_jsonl, wait_status
 

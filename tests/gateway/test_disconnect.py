@@ -5,7 +5,7 @@ import time
 import httpx
 import redis
 
-from schemas import decode_event, keys
+from inferq.schemas import decode_event, keys
 from tests.gateway.stack import TINY
 from tests.service.conftest import wait_for
 

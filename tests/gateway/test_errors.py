@@ -5,7 +5,7 @@ import httpx
 import pytest
 import redis
 
-from schemas import keys
+from inferq.schemas import keys
 from tests.gateway.stack import TINY, running_gateway
 
 

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from producer.gateway.files_store import FilesStore, FileTooLarge, valid_id
+from inferq.producer.gateway.files_store import FilesStore, FileTooLarge, valid_id
 
 
 def test_save_get_delete_and_retention(tmp_path):

@@ -6,7 +6,7 @@ import time
 import httpx
 import redis
 
-from schemas import keys
+from inferq.schemas import keys
 from tests.gateway.stack import TINY
 
 

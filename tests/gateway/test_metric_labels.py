@@ -47,7 +47,7 @@ def test_junk_requests_do_not_grow_the_label_set(redis_url):
 def test_queue_numbers_per_class_and_tenant_with_a_bounded_tenant_label(redis_url):
     """Per priority class and per fair-share tenant lane; tenants named only if a
     configured API key maps to them, every other tenant counts as "other"."""
-    from producer import Producer
+    from inferq.producer import Producer
 
     p = Producer(redis_url, default_model="metric-lanes", fair_share=True)
     for i in range(3):

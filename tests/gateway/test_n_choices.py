@@ -7,8 +7,8 @@ import openai
 import pytest
 from openai import OpenAI
 
-from producer import Producer
-from schemas import SamplingParams
+from inferq.producer import Producer
+from inferq.schemas import SamplingParams
 from tests.gateway.stack import TINY
 
 MAX_TOKENS = 8
@@ -122,7 +122,7 @@ def test_sdk_result_exposes_the_choices(stack):
 def test_async_sdk_result_exposes_the_choices(stack):
     import asyncio
 
-    from producer import AsyncProducer
+    from inferq.producer import AsyncProducer
 
     async def go():
         p = AsyncProducer(stack.url, default_model=TINY)

@@ -6,7 +6,7 @@ import time
 import httpx
 import redis
 
-from producer import Producer
+from inferq.producer import Producer
 from tests.gateway.stack import TINY
 
 

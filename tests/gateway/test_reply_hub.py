@@ -12,14 +12,14 @@ import pytest
 import redis
 from openai import AsyncOpenAI
 
-from producer.gateway import reply_hub, sse
-from producer.gateway import openai_format as fmt
-from producer.gateway.reply_hub import ReplyHub
-from producer.settings import ProducerSettings
-from schemas import keys
-from schemas.connection import async_client
-from schemas.events import DeltaEvent, DoneEvent, QueuedEvent, encode_event
-from schemas.follower import Follow
+from inferq.producer.gateway import reply_hub, sse
+from inferq.producer.gateway import openai_format as fmt
+from inferq.producer.gateway.reply_hub import ReplyHub
+from inferq.producer.settings import ProducerSettings
+from inferq.schemas import keys
+from inferq.schemas.connection import async_client
+from inferq.schemas.events import DeltaEvent, DoneEvent, QueuedEvent, encode_event
+from inferq.schemas.follower import Follow
 from tests.gateway.stack import TINY
 
 DEADLINE_S = 60.0

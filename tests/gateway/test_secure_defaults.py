@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def gateway(redis_url: str, *args: str, **env: str) -> subprocess.Popen:
     full = {k: v for k, v in os.environ.items() if not k.startswith("INFERQ_GATEWAY_")}
     full.update(INFERQ_REDIS_URL=redis_url, PYTHONPATH=str(ROOT), **env)
-    return subprocess.Popen([sys.executable, "-m", "producer.gateway", *args], env=full, cwd=ROOT,
+    return subprocess.Popen([sys.executable, "-m", "inferq.producer.gateway", *args], env=full, cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 

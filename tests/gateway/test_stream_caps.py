@@ -10,7 +10,7 @@ import httpx
 import pytest
 import redis
 
-from schemas import StartedEvent, encode_event, keys
+from inferq.schemas import StartedEvent, encode_event, keys
 from tests.gateway.stack import running_gateway
 
 KEYS = "k-acme:acme,k-beta:beta"

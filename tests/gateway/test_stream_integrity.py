@@ -9,7 +9,7 @@ import httpx
 import pytest
 import redis
 
-from schemas import DeltaEvent, DoneEvent, StartedEvent, encode_event, keys
+from inferq.schemas import DeltaEvent, DoneEvent, StartedEvent, encode_event, keys
 from tests.gateway.stack import running_gateway
 from tests.gateway.test_jobs_api import parse_sse
 

@@ -16,12 +16,12 @@ import pytest
 from openai import OpenAI
 from pydantic import BaseModel, Field
 
-from producer import Producer
-from producer.errors import JobFailed
-from schemas import SamplingParams
+from inferq.producer import Producer
+from inferq.producer.errors import JobFailed
+from inferq.schemas import SamplingParams
 from tests.conftest import RedisServer
 from tests.gateway.stack import running_gateway
-from gpuworker.bench.structured_cases import PROMPTS, SCHEMAS
+from inferq.bench.structured_cases import PROMPTS, SCHEMAS
 from tests.workers import WorkerProc
 
 SMOL, SLOW = "smol", "smol-slow"
@@ -30,7 +30,7 @@ CACHE_BOUND = 32
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    from gpuworker.models.loader import bundled_model_path
+    from inferq.gpuworker.models.loader import bundled_model_path
 
     tmp = tmp_path_factory.mktemp("structured")
     (tmp / "redis").mkdir()
@@ -208,7 +208,7 @@ def test_async_sdk_and_batch_api_lines_carry_the_constraint(stack, client):
 
     from tests.gateway.test_batch_api import wait_status
 
-    from producer import AsyncProducer
+    from inferq.producer import AsyncProducer
 
     redis_url = stack[0]
     schema = SCHEMAS["enum_colour"]

@@ -29,7 +29,7 @@ NAMED = {"type": "function", "function": {"name": "get_weather"}}
 
 @pytest.fixture(scope="module")
 def smol_worker(stack):
-    from gpuworker.models.loader import bundled_model_path, converted_folder
+    from inferq.gpuworker.models.loader import bundled_model_path, converted_folder
 
     w = WorkerProc(stack.url, converted_folder(bundled_model_path()), SMOL, stack.tmp, "tools-worker",
                    "--device", "cpu", "--dtype", "float32", "--max-num-seqs", "8", "--num-kv-blocks", "256",

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from producer.gateway.tool_parsers import ArgsDelta, CallStart, Content, forced_stream, parse, tool_stream
+from inferq.producer.gateway.tool_parsers import ArgsDelta, CallStart, Content, forced_stream, parse, tool_stream
 
 TOOLS = ["get_weather", "search"]
 

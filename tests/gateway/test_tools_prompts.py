@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from gpuworker.service.prompts import PromptBuilder, template_call_id
-from schemas import Job
+from inferq.gpuworker.service.prompts import PromptBuilder, template_call_id
+from inferq.schemas import Job
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
                                            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
@@ -34,7 +34,7 @@ TOOL_TEMPLATE = (
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from gpuworker.models.loader import bundled_model_path, converted_folder, load_tokenizer
+    from inferq.gpuworker.models.loader import bundled_model_path, converted_folder, load_tokenizer
 
     return load_tokenizer(converted_folder(bundled_model_path()))
 

@@ -2,7 +2,7 @@
 
 The interpreter runs the kernels' Python, not Triton's compiler, so a kernel
 can pass every interpreted test and still fail to compile for a GPU. Triton's
-compiler and ptxas need no GPU, so `python -m inferq_kernels.compile_check` compiles
+compiler and ptxas need no GPU, so `python -m inferq.kernels.compile_check` compiles
 the variants the engine launches (same constexprs as a real launch, same
 alignment specialisation) and reports registers and spills.
 """
@@ -21,7 +21,7 @@ def test_kernels_compile_for_hopper_without_spilling_in_half_precision():
     env["PYTHONPATH"] = str(REPO)
     env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
     result = subprocess.run(
-        [sys.executable, "-m", "inferq_kernels.compile_check", "--arch", "90"],
+        [sys.executable, "-m", "inferq.kernels.compile_check", "--arch", "90"],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
     )
     report = result.stdout

@@ -10,8 +10,8 @@ import random
 import pytest
 import torch
 
-from gpuworker.attention import cpu_kernels
-from inferq_kernels.cpu import loader, reference
+from inferq.gpuworker.attention import cpu_kernels
+from inferq.kernels.cpu import loader, reference
 
 
 @pytest.fixture(scope="module")

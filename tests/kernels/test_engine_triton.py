@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gpuworker import LLM
-from schemas import SamplingParams
+from inferq.gpuworker import LLM
+from inferq.schemas import SamplingParams
 from tests.kernels.conftest import DEVICE
 from tests.tiny_models import save_tiny_model
 

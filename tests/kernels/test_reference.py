@@ -1,6 +1,6 @@
 """The torch references against naive per-token implementations.
 
-The Triton kernels are tested against ``inferq_kernels.reference``; this file makes
+The Triton kernels are tested against ``inferq.kernels.reference``; this file makes
 sure the reference itself means what the contract says: token j of a chunk
 sits at position seq_len - query_len + j and sees keys at positions <= that,
 query head h reads KV head h // (Hq/Hkv), keys come through the block table.
@@ -12,7 +12,7 @@ import math
 import pytest
 import torch
 
-from inferq_kernels import reference
+from inferq.kernels import reference
 from tests.kernels.paged_batch import make_paged_batch
 
 

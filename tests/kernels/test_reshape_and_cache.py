@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from inferq_kernels import reference
-from inferq_kernels.reshape_and_cache import reshape_and_cache
+from inferq.kernels import reference
+from inferq.kernels.reshape_and_cache import reshape_and_cache
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -94,7 +94,7 @@ def test_bad_shapes_get_a_clear_error(device):
 def test_cpu_without_interpreter_says_how_to_fix_it():
     code = (
         "import torch\n"
-        "from inferq_kernels.reshape_and_cache import reshape_and_cache\n"
+        "from inferq.kernels.reshape_and_cache import reshape_and_cache\n"
         "c = torch.zeros(1, 16, 1, 16)\n"
         "k = torch.zeros(1, 1, 16)\n"
         "reshape_and_cache(k, k, c, c.clone(), torch.zeros(1, dtype=torch.int64))\n"

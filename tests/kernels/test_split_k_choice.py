@@ -1,7 +1,7 @@
 """When split-K engages on its own, and the shape of its answer."""
 from __future__ import annotations
 
-from inferq_kernels.split_k_decode import MAX_SPLITS, choose_num_kv_splits
+from inferq.kernels.split_k_decode import MAX_SPLITS, choose_num_kv_splits
 
 H200_SMS = 132
 

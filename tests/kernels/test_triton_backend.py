@@ -11,9 +11,9 @@ import random
 import pytest
 import torch
 
-from gpuworker.attention.base import AttentionMetadata, get_backend
-from gpuworker.attention.triton_backend import TritonAttentionBackend
-from inferq_kernels import reference
+from inferq.gpuworker.attention.base import AttentionMetadata, get_backend
+from inferq.gpuworker.attention.triton_backend import TritonAttentionBackend
+from inferq.kernels import reference
 
 BLOCK_SIZE = 16
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM = 6, 2, 64

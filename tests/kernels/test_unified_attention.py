@@ -15,9 +15,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from inferq_kernels import reference
-from inferq_kernels.split_k_decode import choose_num_kv_splits
-from inferq_kernels.unified_attention import unified_attention
+from inferq.kernels import reference
+from inferq.kernels.split_k_decode import choose_num_kv_splits
+from inferq.kernels.unified_attention import unified_attention
 from tests.kernels.paged_batch import ERROR_BOUNDS as TOLERANCE
 from tests.kernels.paged_batch import make_paged_batch
 

@@ -3,9 +3,9 @@ served the session last (its prefix cache holds the prompt), and an idle worker
 takes such a job when that worker is busy."""
 from __future__ import annotations
 
-from producer import Producer
-from schemas import keys
-from schemas.queues import lanes_of
+from inferq.producer import Producer
+from inferq.schemas import keys
+from inferq.schemas.queues import lanes_of
 from tests.service.conftest import wait_for
 
 GREEDY = {"temperature": 0.0, "ignore_eos": True}
@@ -58,9 +58,9 @@ def test_a_session_is_derived_from_a_long_shared_prefix():
     """INFERQ_AFFINITY_PREFIX_CHARS: prompts that share their first N characters
     (a system prompt, a document) get one session; short prompts get none; an
     explicit session_id is kept."""
-    from producer.affinity import with_session
-    from producer.settings import ProducerSettings
-    from schemas.job import Job
+    from inferq.producer.affinity import with_session
+    from inferq.producer.settings import ProducerSettings
+    from inferq.schemas.job import Job
 
     s = ProducerSettings(affinity_prefix_chars=64)
     doc = "You are a careful assistant. Here is the contract to review: " + "clause " * 20

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from producer import Producer
-from schemas import keys
-from schemas.queues import lanes_of
+from inferq.producer import Producer
+from inferq.schemas import keys
+from inferq.schemas.queues import lanes_of
 
 TINY = {"temperature": 0.0, "ignore_eos": True, "max_tokens": 2}
 

@@ -4,9 +4,9 @@ running batch job for an interactive one (recompute), which later finishes
 with the same greedy text. Assertions are about order, never about time."""
 from __future__ import annotations
 
-from producer import Producer
-from schemas import SamplingParams, keys, records
-from schemas.queues import lanes_of
+from inferq.producer import Producer
+from inferq.schemas import SamplingParams, keys, records
+from inferq.schemas.queues import lanes_of
 from tests.service.conftest import wait_for
 
 GREEDY = {"temperature": 0.0, "ignore_eos": True}

@@ -7,7 +7,7 @@ import random
 
 import torch
 
-from gpuworker.attention.base import AttentionBackend, AttentionMetadata
+from inferq.gpuworker.attention.base import AttentionBackend, AttentionMetadata
 from tests.paging import block_table_tensor, slots
 
 

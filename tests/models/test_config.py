@@ -6,8 +6,8 @@ import torch
 import transformers
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-from gpuworker.models.config import ModelConfig
-from gpuworker.models.llama import rope_inv_freq
+from inferq.gpuworker.models.config import ModelConfig
+from inferq.gpuworker.models.llama import rope_inv_freq
 
 BASE = {
     "architectures": ["LlamaForCausalLM"],

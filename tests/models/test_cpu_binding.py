@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 
-from inferq_kernels.cpu import binding
+from inferq.kernels.cpu import binding
 
 
 def topology(cores_per_node: int, nodes: int = 1, smt: int = 1):
@@ -65,7 +65,7 @@ def test_bad_settings_are_refused_with_the_reason(spec, words):
 
 
 def test_worker_settings_refuse_a_bad_list():
-    from gpuworker.service.settings import WorkerSettings
+    from inferq.gpuworker.service.settings import WorkerSettings
 
     with pytest.raises(ValueError, match="INFERQ_CPU_THREADS_BIND"):
         WorkerSettings(cpu_threads_bind="2-1")
@@ -74,8 +74,8 @@ def test_worker_settings_refuse_a_bad_list():
 
 CHILD = textwrap.dedent("""
     import json, os, sys, torch
-    from gpuworker.models import cpu_linear
-    from inferq_kernels.cpu import loader, binding
+    from inferq.gpuworker.models import cpu_linear
+    from inferq.kernels.cpu import loader, binding
     lib = cpu_linear.load()
     if lib is None or not lib.openmp:
         print(json.dumps({"skip": "no OpenMP kernels"})); sys.exit()
@@ -114,8 +114,8 @@ def test_a_real_team_is_pinned_and_let_go():
 def test_worker_default_is_every_allowed_cpu_but_one(monkeypatch):
     import torch
 
-    from gpuworker.service.settings import WorkerSettings
-    from gpuworker.service.worker import set_cpu_threads
+    from inferq.gpuworker.service.settings import WorkerSettings
+    from inferq.gpuworker.service.worker import set_cpu_threads
 
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.delenv(binding.ENV, raising=False)

@@ -7,12 +7,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gpuworker.models.llama import _rotate, add_rms_norm, rms_norm, rotate_qk, silu_and_mul
+from inferq.gpuworker.models.llama import _rotate, add_rms_norm, rms_norm, rotate_qk, silu_and_mul
 
 
 @pytest.fixture
 def kernels():
-    from gpuworker.attention import cpu_kernels
+    from inferq.gpuworker.attention import cpu_kernels
 
     k = cpu_kernels.load()
     if k is None:

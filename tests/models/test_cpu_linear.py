@@ -7,11 +7,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from gpuworker.attention import cpu_kernels
-from gpuworker.models import cpu_linear, llama
-from gpuworker.models.loader import load_model
-from gpuworker.models.weight_memory import held_bytes, one_copy_bytes
-from inferq_kernels.cpu import loader
+from inferq.gpuworker.attention import cpu_kernels
+from inferq.gpuworker.models import cpu_linear, llama
+from inferq.gpuworker.models.loader import load_model
+from inferq.gpuworker.models.weight_memory import held_bytes, one_copy_bytes
+from inferq.kernels.cpu import loader
 from tests.models.test_model_vs_hf import run_chunked, sequences
 from tests.tiny_models import save_tiny_model
 

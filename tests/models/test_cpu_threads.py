@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gpuworker.attention import cpu_kernels
-from gpuworker.models import cpu_linear
-from gpuworker.models.llama import add_rms_norm, rotate_qk, silu_and_mul
+from inferq.gpuworker.attention import cpu_kernels
+from inferq.gpuworker.models import cpu_linear
+from inferq.gpuworker.models.llama import add_rms_norm, rotate_qk, silu_and_mul
 
 KERNELS = cpu_kernels.load()
 pytestmark = pytest.mark.skipif(KERNELS is None or not KERNELS.openmp,
@@ -95,7 +95,7 @@ def test_paged_decode(dtype, lens, hq, hkv, d):
 
     (out,) = same_at_1_and_2(run)
     # and it is attention: against plain torch over the same paged cache
-    from inferq_kernels.cpu import reference
+    from inferq.kernels.cpu import reference
 
     for i, n in enumerate(lens):
         want = reference.paged_decode(q[i], kc, vc, tables[i], n, 0.125)
@@ -130,7 +130,7 @@ def test_paged_prefill(dtype, chunks, hq, hkv, d):
         return (out,)
 
     (out,) = same_at_1_and_2(run)
-    from inferq_kernels.cpu import reference
+    from inferq.kernels.cpu import reference
 
     for s, (c, n) in enumerate(chunks):
         st = int(starts[s])

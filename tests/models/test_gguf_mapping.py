@@ -14,9 +14,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from gpuworker.models.config import ModelConfig
-from gpuworker.models.gguf_loader import gguf_config, gguf_tensors
-from gpuworker.models.llama import rope_inv_freq
+from inferq.gpuworker.models.config import ModelConfig
+from inferq.gpuworker.models.gguf_loader import gguf_config, gguf_tensors
+from inferq.gpuworker.models.llama import rope_inv_freq
 from tests.tiny_models import save_tiny_model
 
 TO_GGUF = {

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gpuworker.models.loader import load_model
+from inferq.gpuworker.models.loader import load_model
 from tests.models.paged import PagedDriver
 from tests.tiny_models import save_tiny_model
 

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 import torch
 
-from gpuworker.models import gguf_loader, loader
-from gpuworker.models.gguf_loader import cache_key, converted_folder, reverse_rotary_permutation
-from gpuworker.models.loader import bundled_model_path, load_model
-from schemas.keys import DEFAULT_MODEL
+from inferq.gpuworker.models import gguf_loader, loader
+from inferq.gpuworker.models.gguf_loader import cache_key, converted_folder, reverse_rotary_permutation
+from inferq.gpuworker.models.loader import bundled_model_path, load_model
+from inferq.schemas.keys import DEFAULT_MODEL
 from tests.models.paged import PagedDriver
 from tests.tiny_models import save_tiny_model
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from gpuworker.models.loader import load_model
+from inferq.gpuworker.models.loader import load_model
 from tests.models.paged import PagedDriver
 from tests.tiny_models import TINY_ARCHS, save_tiny_model
 

@@ -9,7 +9,7 @@ import random
 import pytest
 import torch
 
-from gpuworker.attention.torch_backend import TorchAttentionBackend
+from inferq.gpuworker.attention.torch_backend import TorchAttentionBackend
 from tests.models.paged import build_metadata
 
 
@@ -179,7 +179,7 @@ def one_thread():
 
 
 def _native_or_skip():
-    from gpuworker.attention import cpu_kernels
+    from inferq.gpuworker.attention import cpu_kernels
 
     if cpu_kernels.load() is None:
         # With a compiler a failed build is a bug; without one the torch path is the product.

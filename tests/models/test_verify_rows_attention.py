@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gpuworker.attention.torch_backend import TorchAttentionBackend
+from inferq.gpuworker.attention.torch_backend import TorchAttentionBackend
 from tests.kernels.test_triton_backend import BLOCK_SIZE, HEAD_DIM, NUM_HEADS, NUM_KV_HEADS, metadata
 
 

@@ -4,8 +4,8 @@ refusal changes nothing."""
 import pytest
 import redis
 
-from schemas import keys
-from schemas.lua import source
+from inferq.schemas import keys
+from inferq.schemas.lua import source
 
 G = keys.JOBS_GROUP
 MODEL = "fence"

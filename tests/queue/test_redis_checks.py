@@ -2,7 +2,7 @@
 way that loses jobs: eviction, no memory limit, no persistence."""
 import redis
 
-from schemas.redis_checks import queue_warnings
+from inferq.schemas.redis_checks import queue_warnings
 from tests.conftest import RedisServer
 
 

@@ -18,8 +18,8 @@ from typing import Optional
 import pytest
 import redis
 
-from gpuworker.bench.process_memory import proc_kib
-from schemas import keys
+from inferq.bench.process_memory import proc_kib
+from inferq.schemas import keys
 from tests.conftest import RedisServer
 from tests.service.conftest import tiny_model, wait_for  # noqa: F401  (tiny_model is a fixture)
 from tests.workers import WorkerProc
@@ -166,14 +166,14 @@ def chaos_oracle(chaos_model):
     """The same model in-process: what a clean greedy run prints."""
     import torch
 
-    from gpuworker import LLM
+    from inferq.gpuworker import LLM
 
     torch.set_num_threads(1)
     return LLM(model=str(chaos_model), dtype="float32", num_kv_blocks=512, max_num_seqs=64)
 
 
 def reply_events(r: redis.Redis, job_id: str) -> list:
-    from schemas import decode_event
+    from inferq.schemas import decode_event
 
     return [decode_event(f) for _, f in r.xrange(keys.reply(job_id))]
 

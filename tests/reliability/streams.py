@@ -6,8 +6,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Optional
 
-from producer.client import TextFollower
-from schemas.fold import ReplyFilter
+from inferq.producer.client import TextFollower
+from inferq.schemas.fold import ReplyFilter
 
 
 @dataclass

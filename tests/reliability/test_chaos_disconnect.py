@@ -7,9 +7,9 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from producer import Producer
-from producer.client import ResultBuilder
-from schemas import SamplingParams
+from inferq.producer import Producer
+from inferq.producer.client import ResultBuilder
+from inferq.schemas import SamplingParams
 from tests.gateway.stack import running_gateway
 from tests.reliability.conftest import MODEL, wait_for
 from tests.reliability.streams import watch

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import redis
 
-from producer import Producer
-from schemas import SamplingParams, keys
+from inferq.producer import Producer
+from inferq.schemas import SamplingParams, keys
 from tests.reliability.conftest import pending_count, wait_for
 from tests.reliability.streams import watch
 

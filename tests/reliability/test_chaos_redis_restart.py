@@ -9,8 +9,8 @@ import time
 
 import httpx
 
-from producer import Producer
-from schemas import SamplingParams, keys
+from inferq.producer import Producer
+from inferq.schemas import SamplingParams, keys
 from tests.gateway.stack import running_gateway
 from tests.reliability.conftest import pending_count, wait_for
 from tests.reliability.streams import watch

@@ -7,8 +7,8 @@ import time
 
 import redis
 
-from producer import JobNotFound, Producer
-from schemas import SamplingParams, keys
+from inferq.producer import JobNotFound, Producer
+from inferq.schemas import SamplingParams, keys
 from tests.reliability.conftest import pending_count, wait_for
 from tests.reliability.streams import watch
 

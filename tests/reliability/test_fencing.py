@@ -16,8 +16,8 @@ import httpx
 import pytest
 import redis
 
-from producer import Producer
-from schemas import SamplingParams, decode_event, keys
+from inferq.producer import Producer
+from inferq.schemas import SamplingParams, decode_event, keys
 from tests.conftest import RedisServer
 from tests.gateway.stack import running_gateway
 from tests.reliability.conftest import pending_count

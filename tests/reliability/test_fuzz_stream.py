@@ -11,7 +11,7 @@ from collections import Counter
 
 from hypothesis import HealthCheck, given, settings
 
-from schemas import decode_event, keys
+from inferq.schemas import decode_event, keys
 from tests.reliability.conftest import MODEL, pending_count, wait_for
 from tests.reliability.fuzz_inputs import stream_entry
 
@@ -77,7 +77,7 @@ def test_stream_fuzz_every_entry_ends_clearly(fleet, r):
         assert w.proc.poll() is None, w.log()[-3000:]
         assert "crashed" not in w.log()
     # The workers still serve ordinary jobs.
-    from producer import Producer
+    from inferq.producer import Producer
 
     with Producer(fleet.redis_url, default_model=MODEL) as p:
         assert p.submit("still alive?", sampling={"max_tokens": 2}).result(timeout=60).usage.completion_tokens == 2

@@ -8,8 +8,8 @@ import httpx
 import pytest
 from pydantic import ValidationError
 
-from producer import JobFailed, Producer
-from schemas import keys
+from inferq.producer import JobFailed, Producer
+from inferq.schemas import keys
 from tests.gateway.stack import running_gateway
 from tests.reliability.conftest import MODEL, wait_for
 

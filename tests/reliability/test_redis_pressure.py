@@ -8,8 +8,8 @@ import httpx
 import pytest
 import redis
 
-from producer import Producer, QueueUnavailable
-from schemas import SamplingParams, keys
+from inferq.producer import Producer, QueueUnavailable
+from inferq.schemas import SamplingParams, keys
 from tests.conftest import RedisServer
 from tests.gateway.stack import running_gateway
 from tests.reliability.conftest import pending_count

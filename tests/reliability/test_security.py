@@ -13,8 +13,8 @@ import httpx
 import pytest
 import redis
 
-from producer import Producer
-from schemas import keys
+from inferq.producer import Producer
+from inferq.schemas import keys
 from tests.gateway.stack import running_gateway
 from tests.reliability.conftest import MODEL, USER, wait_for
 from tests.workers import REPO
@@ -46,7 +46,7 @@ def test_acl_user_runs_everything_and_nothing_else(fleet, secure_redis, r):
 def test_wrong_password_fails_fast_with_a_clear_message(secure_redis, tiny_model):
     bad_url = f"redis://{USER}:not-the-password@127.0.0.1:{secure_redis.port}/0"
     t0 = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "gpuworker.service", "--redis-url", bad_url, "--model", str(tiny_model),
+    proc = subprocess.run([sys.executable, "-m", "inferq.gpuworker.service", "--redis-url", bad_url, "--model", str(tiny_model),
                            "--served-model-name", MODEL], cwd=REPO, capture_output=True, text=True, timeout=120)
     took = time.monotonic() - t0
     assert proc.returncode == 1

@@ -12,8 +12,8 @@ import time
 import pytest
 import redis
 
-from producer import Producer
-from schemas import keys
+from inferq.producer import Producer
+from inferq.schemas import keys
 from tests.reliability.conftest import pending_count, rss_kib, wait_for
 
 N_JOBS = 12000

@@ -12,7 +12,7 @@ import httpx
 import pytest
 import redis
 
-from producer import Producer
+from inferq.producer import Producer
 from tests.conftest import free_port, redis_server_binary
 from tests.gateway.stack import running_gateway
 from tests.service.conftest import WorkerProc, wait_for

@@ -29,9 +29,9 @@ from dataclasses import dataclass
 import pytest
 import redis
 
-from producer import Producer
-from schemas import keys
-from schemas.job import Job
+from inferq.producer import Producer
+from inferq.schemas import keys
+from inferq.schemas.job import Job
 from tests.service.conftest import wait_for
 
 pytestmark = pytest.mark.timeout(600)

@@ -2,10 +2,10 @@
 and what the accepted events add up to. No Redis here."""
 import pytest
 
-from schemas import encode_event
-from schemas.events import DeltaEvent, DoneEvent, ErrorEvent, RestartedEvent, StartedEvent
-from schemas.fold import Assembly, ReplyFilter
-from schemas.follower import Cursor
+from inferq.schemas import encode_event
+from inferq.schemas.events import DeltaEvent, DoneEvent, ErrorEvent, RestartedEvent, StartedEvent
+from inferq.schemas.fold import Assembly, ReplyFilter
+from inferq.schemas.follower import Cursor
 
 
 def entries(*events):
@@ -65,8 +65,8 @@ def test_assembly_returns_only_unshown_output():
 
 
 def test_text_follower_shows_each_character_once_and_raises_on_divergence():
-    from producer.client import TextFollower
-    from producer.errors import JobFailed, JobRestarted
+    from inferq.producer.client import TextFollower
+    from inferq.producer.errors import JobFailed, JobRestarted
 
     f = TextFollower("j")
     assert f.feed(DeltaEvent(attempt=1, seq=0, text="ab")) == "ab"
@@ -87,7 +87,7 @@ def test_text_follower_shows_each_character_once_and_raises_on_divergence():
 def test_a_skipped_seq_is_an_error_not_silently_missing_text():
     import pytest
 
-    from schemas.fold import ReplyGap
+    from inferq.schemas.fold import ReplyGap
 
     f = ReplyFilter()
     assert f.accept(StartedEvent(attempt=1, seq=0))

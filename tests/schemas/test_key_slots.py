@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 from redis.crc import key_slot
 
-from producer.admission import lane_for, script_keys
-from producer.settings import ProducerSettings
-from schemas import keys, transitions
-from schemas.job import Job
-from schemas.queues import Lane, lane_of
+from inferq.producer.admission import lane_for, script_keys
+from inferq.producer.settings import ProducerSettings
+from inferq.schemas import keys, transitions
+from inferq.schemas.job import Job
+from inferq.schemas.queues import Lane, lane_of
 
 
 def slots(names) -> set[int]:
@@ -49,7 +49,7 @@ def test_every_fenced_script_touches_one_slot(partitions):
         transitions.start(Recorder(), attempt=1, events=[], fields={}, live_ttl=1, reply_maxlen=100, **common)
         transitions.finish(Recorder(), attempt=1, event={"type": "done", "data": "{}"}, fields={}, ttl_after_done=1,
                            reply_maxlen=100, **common)
-        from schemas.records import DeadLetter
+        from inferq.schemas.records import DeadLetter
         dead = DeadLetter(job="{}", job_id=jid, entry_id="1-0", code="c", reason="r", attempts=1, worker="w",
                           failed_at=0.0)
         for job_id in (jid, None):

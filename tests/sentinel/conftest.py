@@ -170,7 +170,7 @@ class SentinelDeployment:
                 "INFERQ_REDIS_URL": f"redis://{SERVICE}/0"}
 
     def settings(self, **over):
-        from producer.settings import ProducerSettings
+        from inferq.producer.settings import ProducerSettings
 
         env = self.env()
         return ProducerSettings(redis_mode="sentinel", redis_sentinels=env["INFERQ_REDIS_SENTINELS"],

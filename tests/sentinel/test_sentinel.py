@@ -26,12 +26,12 @@ import httpx
 import pytest
 import redis
 
-from producer import AsyncProducer, Producer
-from producer.client import TextFollower
-from producer.errors import QueueUnavailable
-from schemas import SamplingParams, keys
-from schemas.connection import RedisSettings, async_client, sync_client
-from schemas.fold import ReplyFilter
+from inferq.producer import AsyncProducer, Producer
+from inferq.producer.client import TextFollower
+from inferq.producer.errors import QueueUnavailable
+from inferq.schemas import SamplingParams, keys
+from inferq.schemas.connection import RedisSettings, async_client, sync_client
+from inferq.schemas.fold import ReplyFilter
 from tests.gateway.stack import running_gateway
 from tests.reliability.streams import Watched, watch
 from tests.sentinel.conftest import SERVICE, wait_for
@@ -88,7 +88,7 @@ def test_incomplete_sentinel_settings_are_refused(monkeypatch, env, message):
 
 
 def test_worker_takes_sentinel_flags_but_not_the_sentinel_password():
-    from gpuworker.service.cli import parser
+    from inferq.gpuworker.service.cli import parser
 
     a = parser().parse_args(["--redis-mode", "sentinel", "--redis-sentinels", "h:1", "--redis-sentinel-master", "m"])
     assert (a.redis_mode, a.redis_sentinels, a.redis_sentinel_master) == ("sentinel", "h:1", "m")
@@ -142,7 +142,7 @@ def test_clients_follow_the_master_through_a_failover(sentinel_deployment):
 
 def _sentinel_clients(d) -> int:
     """inferq's connections to the sentinels, as the sentinels list them."""
-    from schemas.connection import SENTINEL_CLIENT_NAME
+    from inferq.schemas.connection import SENTINEL_CLIENT_NAME
 
     n = 0
     for port in d.sentinel_ports:
@@ -414,7 +414,7 @@ def test_doctor_and_up_use_the_sentinel_master(sentinel_deployment, monkeypatch,
 
 def test_celery_broker_and_backend_go_through_the_sentinels(sentinel_deployment, monkeypatch):
     pytest.importorskip("celery", reason="the celery extra is not installed")
-    from producer.celery_app import make_celery
+    from inferq.producer.celery_app import make_celery
 
     d = sentinel_deployment
     for k, v in d.env().items():

@@ -1,5 +1,5 @@
 """Fixtures for the worker service tests: a tiny model folder, the offline
-engine as the oracle, and real worker subprocesses (python -m gpuworker.service)."""
+engine as the oracle, and real worker subprocesses (python -m inferq.gpuworker.service)."""
 from __future__ import annotations
 
 import time
@@ -23,7 +23,7 @@ def offline_llm(tiny_model):
     """The same engine in-process: what a queued job's output must equal."""
     import torch
 
-    from gpuworker import LLM
+    from inferq.gpuworker import LLM
 
     torch.set_num_threads(1)
     return LLM(model=str(tiny_model), dtype="float32", num_kv_blocks=512, max_num_seqs=64)
@@ -73,7 +73,7 @@ def paced_worker(module_redis, tiny_model, tmp_path_factory, model: str, worker_
 
 
 def module_producer(module_redis, model: str):
-    from producer import Producer
+    from inferq.producer import Producer
 
     prod = Producer(module_redis.url, default_model=model, max_backlog=1000)
     yield prod

@@ -3,9 +3,9 @@ nothing is published until every sequence has ended, then the n sequences with t
 highest cumulative logprob come out as choices 0..n-1, and usage counts every sequence."""
 from __future__ import annotations
 
-from gpuworker.engine.outputs import RequestDelta
-from gpuworker.service.choices import ChoiceGroup, choice_params
-from schemas import SamplingParams
+from inferq.gpuworker.engine.outputs import RequestDelta
+from inferq.gpuworker.service.choices import ChoiceGroup, choice_params
+from inferq.schemas import SamplingParams
 
 
 def _tok(rid, token, lp, text, finished=False):

@@ -9,15 +9,15 @@ import queue
 import pytest
 import redis
 
-from schemas import Job, SamplingParams, decode_event, keys, transitions
+from inferq.schemas import Job, SamplingParams, decode_event, keys, transitions
 
-from gpuworker.engine.outputs import EngineStats, RequestDelta
-from gpuworker.logging import get_logger
-from gpuworker.metrics import WorkerMetrics
-from gpuworker.service.context import WorkerContext
-from gpuworker.service.messages import Rejected, Started, StepOutput
-from gpuworker.service.publisher import Publisher
-from gpuworker.service.state import InFlight, JobState
+from inferq.gpuworker.engine.outputs import EngineStats, RequestDelta
+from inferq.gpuworker.logging import get_logger
+from inferq.gpuworker.metrics import WorkerMetrics
+from inferq.gpuworker.service.context import WorkerContext
+from inferq.gpuworker.service.messages import Rejected, Started, StepOutput
+from inferq.gpuworker.service.publisher import Publisher
+from inferq.gpuworker.service.state import InFlight, JobState
 
 MODEL = "fence-pub"
 

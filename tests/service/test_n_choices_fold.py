@@ -2,8 +2,8 @@
 ends, and a restart that re-sends a choice's text does not show it twice."""
 from __future__ import annotations
 
-from schemas.events import ChoiceEnd, DeltaEvent, DoneEvent, RestartedEvent, StartedEvent, Usage
-from schemas.fold import Assembly
+from inferq.schemas.events import ChoiceEnd, DeltaEvent, DoneEvent, RestartedEvent, StartedEvent, Usage
+from inferq.schemas.fold import Assembly
 
 
 def _delta(attempt, seq, index, text, finish=None):

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import redis
 
-from schemas import keys
-from schemas.events import decode_event
+from inferq.schemas import keys
+from inferq.schemas.events import decode_event
 from tests.service.conftest import module_producer, paced_worker, wait_for
 
 MODEL = "tiny-nchoices"

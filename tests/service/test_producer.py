@@ -14,9 +14,9 @@ import pytest
 import redis
 from pydantic import ValidationError
 
-from producer.client import build_job
-from producer import AsyncProducer, JobFailed, JobNotFound, JobRestarted, Producer, QueueFull, RateLimited
-from schemas import (
+from inferq.producer.client import build_job
+from inferq.producer import AsyncProducer, JobFailed, JobNotFound, JobRestarted, Producer, QueueFull, RateLimited
+from inferq.schemas import (
     DeltaEvent,
     DoneEvent,
     ErrorEvent,
@@ -119,7 +119,7 @@ def test_idempotency_keys_of_tenants_never_collide(p):
 
 
 def test_a_duplicate_tells_the_real_status_and_a_key_never_outlives_its_job(p, r):
-    from producer.admission import admit
+    from inferq.producer.admission import admit
 
     first = p.submit("x", idempotency_key="order-1")
     r.hset(keys.job_info(first.id), "status", "done")  # the job ran meanwhile
@@ -271,7 +271,7 @@ def test_async_producer_same_behaviour(redis_url, r):
 
 
 def test_producer_imports_without_torch():
-    code = "import sys, producer; assert 'torch' not in sys.modules and 'gpuworker' not in sys.modules, sorted(m for m in sys.modules if m.startswith(('torch','gpuworker')))"
+    code = "import sys, inferq.producer; assert 'torch' not in sys.modules and 'inferq.gpuworker' not in sys.modules, sorted(m for m in sys.modules if m.startswith(('torch','inferq.gpuworker')))"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
@@ -325,7 +325,7 @@ def test_stream_resumes_across_a_redis_restart(tmp_path):
 def test_a_trimmed_reply_stream_is_an_error_not_short_text(p, r):
     """Events lost from the middle of a reply stream (trimmed by hand here, as a
     MAXLEN would) end the read with ReplyGap instead of a silently short text."""
-    from schemas.fold import ReplyGap
+    from inferq.schemas.fold import ReplyGap
 
     h = p.submit("hi")
     emit(r, h.id, StartedEvent(attempt=1, seq=0), DeltaEvent(attempt=1, seq=1, text="a"))

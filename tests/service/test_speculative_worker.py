@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from producer.engine_limits import Sample, diagnose
-from schemas import SamplingParams
+from inferq.producer.engine_limits import Sample, diagnose
+from inferq.schemas import SamplingParams
 from tests.service.conftest import module_producer, wait_for
 from tests.workers import WorkerProc
 
@@ -23,8 +23,8 @@ def smol():
     """The bundled SmolLM2 (it copies; the tiny random model never repeats itself) and its offline twin."""
     import torch
 
-    from gpuworker import LLM
-    from gpuworker.models.loader import bundled_model_path
+    from inferq.gpuworker import LLM
+    from inferq.gpuworker.models.loader import bundled_model_path
 
     torch.set_num_threads(1)
     return bundled_model_path(), LLM(dtype="float32")
@@ -69,7 +69,7 @@ def test_queued_greedy_jobs_equal_the_offline_engine_and_counters_move(worker, p
 
 
 def test_a_bad_speculative_config_stops_the_worker_with_the_reason(module_redis, tiny_model):
-    proc = subprocess.run([sys.executable, "-m", "gpuworker.service", "--redis-url", module_redis.url,
+    proc = subprocess.run([sys.executable, "-m", "inferq.gpuworker.service", "--redis-url", module_redis.url,
                            "--model", str(tiny_model), "--speculative-config", '{"method": "ngram", "k": 0}'],
                           capture_output=True, text=True, timeout=600)  # a loaded machine imports slowly
     assert proc.returncode != 0

@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from gpuworker.service.cli import main, parser
-from gpuworker.service.settings import WorkerSettings
-from schemas import keys
+from inferq.gpuworker.service.cli import main, parser
+from inferq.gpuworker.service.settings import WorkerSettings
+from inferq.schemas import keys
 from tests.conftest import RedisServer
 
 
@@ -59,7 +59,7 @@ def test_wrong_redis_password_fails_fast_with_clear_message(tmp_path):
     try:
         t0 = time.time()
         out = subprocess.run(
-            [sys.executable, "-m", "gpuworker.service", "--redis-url", f"redis://:wrong@127.0.0.1:{server.port}/0"],
+            [sys.executable, "-m", "inferq.gpuworker.service", "--redis-url", f"redis://:wrong@127.0.0.1:{server.port}/0"],
             capture_output=True, text=True, timeout=120,
         )
         assert out.returncode == 1
@@ -71,9 +71,9 @@ def test_wrong_redis_password_fails_fast_with_clear_message(tmp_path):
 
 def test_every_setting_is_a_flag_and_engine_knobs_map_one_to_one(monkeypatch):
     """Flags are generated from WorkerSettings; engine knobs keep the engine's defaults."""
-    from gpuworker.config import EngineConfig
-    from gpuworker.service.cli import NOT_FLAGS
-    from gpuworker.service.settings import ENGINE_KNOBS
+    from inferq.gpuworker.config import EngineConfig
+    from inferq.gpuworker.service.cli import NOT_FLAGS
+    from inferq.gpuworker.service.settings import ENGINE_KNOBS
 
     for k in ENGINE_KNOBS:
         monkeypatch.delenv(f"INFERQ_{k.upper()}", raising=False)
@@ -90,7 +90,7 @@ def test_cpu_threads_leave_one_core_to_the_queue_work(monkeypatch):
 
     import torch
 
-    from gpuworker.service.worker import set_cpu_threads
+    from inferq.gpuworker.service.worker import set_cpu_threads
 
     before = torch.get_num_threads()
     try:

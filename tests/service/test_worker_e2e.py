@@ -9,8 +9,8 @@ import time
 import pytest
 import redis
 
-from producer import AsyncProducer, JobFailed
-from schemas import Job, SamplingParams, keys
+from inferq.producer import AsyncProducer, JobFailed
+from inferq.schemas import Job, SamplingParams, keys
 
 from tests.service.conftest import module_producer, paced_worker, wait_for
 

@@ -8,8 +8,8 @@ import time
 import pytest
 import redis
 
-from producer import JobFailed, Producer
-from schemas import SamplingParams, keys
+from inferq.producer import JobFailed, Producer
+from inferq.schemas import SamplingParams, keys
 
 from tests.service.conftest import wait_for
 

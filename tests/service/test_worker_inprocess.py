@@ -6,18 +6,18 @@ from __future__ import annotations
 import pytest
 import redis
 
-from producer import JobFailed, Producer
-from schemas import SamplingParams, keys
+from inferq.producer import JobFailed, Producer
+from inferq.schemas import SamplingParams, keys
 
 MARKER = 777  # a prompt starting with this token id makes every engine step fail
 
 
 @pytest.fixture
 def make_worker(tiny_model, module_redis):
-    from gpuworker.config import EngineConfig
-    from gpuworker.engine.llm_engine import LLMEngine
-    from gpuworker.service.settings import WorkerSettings
-    from gpuworker.service.worker import Worker
+    from inferq.gpuworker.config import EngineConfig
+    from inferq.gpuworker.engine.llm_engine import LLMEngine
+    from inferq.gpuworker.service.settings import WorkerSettings
+    from inferq.gpuworker.service.worker import Worker
 
     class FaultyEngine(LLMEngine):
         """Raises inside step() while a marked request is in the engine, the

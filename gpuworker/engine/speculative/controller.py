@@ -21,9 +21,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpuworker.engine.request import Request, RequestStatus
-from gpuworker.engine.speculative.config import SpeculativeConfig
-from gpuworker.engine.speculative.proposer import Proposer
+from inferq.gpuworker.engine.request import Request, RequestStatus
+from inferq.gpuworker.engine.speculative.config import SpeculativeConfig
+from inferq.gpuworker.engine.speculative.proposer import Proposer
 
 _EMA = 0.3  # weight of the newest verification in a request's acceptance average
 

@@ -24,12 +24,12 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from gpuworker.attention.base import AttentionMetadata, get_backend
-from gpuworker.engine.request import Request
-from gpuworker.engine.sampler import greedy_argmax
-from gpuworker.engine.speculative.config import SpeculativeConfig
-from gpuworker.engine.speculative.proposer import Proposer
-from gpuworker.models.loader import load_model
+from inferq.gpuworker.attention.base import AttentionMetadata, get_backend
+from inferq.gpuworker.engine.request import Request
+from inferq.gpuworker.engine.sampler import greedy_argmax
+from inferq.gpuworker.engine.speculative.config import SpeculativeConfig
+from inferq.gpuworker.engine.speculative.proposer import Proposer
+from inferq.gpuworker.models.loader import load_model
 
 
 class DraftModelProposer(Proposer):

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from gpuworker.engine.request import Request
-from gpuworker.engine.token_mirror import TokenMirror
-from gpuworker.engine.speculative.proposer import Proposer
+from inferq.gpuworker.engine.request import Request
+from inferq.gpuworker.engine.token_mirror import TokenMirror
+from inferq.gpuworker.engine.speculative.proposer import Proposer
 
 
 def lookup(tokens: np.ndarray, min_n: int, max_n: int, k: int) -> list[int]:

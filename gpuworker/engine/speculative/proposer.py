@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
-from gpuworker.engine.request import Request
+from inferq.gpuworker.engine.request import Request
 
 
 class Proposer(ABC):

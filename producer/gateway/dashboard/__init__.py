@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from producer.gateway.dashboard import batch_views, dlq_views, job_view, pages, queue_views
+from inferq.producer.gateway.dashboard import batch_views, dlq_views, job_view, pages, queue_views
 
 PARTS = (pages, queue_views, job_view, dlq_views, batch_views)
 router = APIRouter(tags=["dashboard"])

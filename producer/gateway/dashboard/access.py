@@ -21,9 +21,9 @@ from typing import Optional
 
 from fastapi import Request
 
-from producer.gateway.auth import _match
-from producer.gateway.config import Principal, is_exposed
-from producer.gateway.errors import APIError
+from inferq.producer.gateway.auth import _match
+from inferq.producer.gateway.config import Principal, is_exposed
+from inferq.producer.gateway.errors import APIError
 
 COOKIE = "inferq_dashboard"
 CHANGE_HEADER = "x-inferq-dashboard"

@@ -6,8 +6,8 @@ from typing import Optional
 
 from fastapi import APIRouter, Depends, Query, Request
 
-from producer.gateway import batch_routes
-from producer.gateway.dashboard.access import Viewer, viewer
+from inferq.producer.gateway import batch_routes
+from inferq.producer.gateway.dashboard.access import Viewer, viewer
 
 router = APIRouter()
 

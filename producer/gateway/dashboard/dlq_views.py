@@ -10,13 +10,13 @@ from typing import Optional
 import anyio
 from fastapi import APIRouter, Depends, Query, Request
 
-from schemas import keys
-from schemas.connection import sync_client
-from producer import dlq
-from producer.admission import ADMISSION_LUA
-from producer.gateway.dashboard.access import Viewer, operator
-from producer.gateway.errors import APIError, bad_request
-from producer.gateway.runner import ctx_of
+from inferq.schemas import keys
+from inferq.schemas.connection import sync_client
+from inferq.producer import dlq
+from inferq.producer.admission import ADMISSION_LUA
+from inferq.producer.gateway.dashboard.access import Viewer, operator
+from inferq.producer.gateway.errors import APIError, bad_request
+from inferq.producer.gateway.runner import ctx_of
 
 router = APIRouter()
 

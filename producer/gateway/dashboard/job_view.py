@@ -3,12 +3,12 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Request
 
-from schemas import keys
-from producer.gateway.auth import can_access
-from producer.gateway.dashboard.access import Viewer, viewer
-from producer.gateway.dashboard import timeline
-from producer.gateway.errors import APIError
-from producer.gateway.runner import ctx_of
+from inferq.schemas import keys
+from inferq.producer.gateway.auth import can_access
+from inferq.producer.gateway.dashboard.access import Viewer, viewer
+from inferq.producer.gateway.dashboard import timeline
+from inferq.producer.gateway.errors import APIError
+from inferq.producer.gateway.runner import ctx_of
 
 router = APIRouter()
 

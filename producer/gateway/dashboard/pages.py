@@ -9,8 +9,8 @@ from urllib.parse import parse_qs
 from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse
 
-from producer.gateway.dashboard.access import COOKIE, identify, open_access, viewer
-from producer.gateway.errors import APIError
+from inferq.producer.gateway.dashboard.access import COOKIE, identify, open_access, viewer
+from inferq.producer.gateway.errors import APIError
 
 router = APIRouter()
 

@@ -7,10 +7,10 @@ from typing import Optional
 import anyio
 from fastapi import APIRouter, Depends, Query, Request
 
-from schemas.connection import sync_client
-from producer.queue_stats import live_workers, model_stats
-from producer.gateway.dashboard.access import Viewer, operator
-from producer.gateway.runner import ctx_of
+from inferq.schemas.connection import sync_client
+from inferq.producer.queue_stats import live_workers, model_stats
+from inferq.producer.gateway.dashboard.access import Viewer, operator
+from inferq.producer.gateway.runner import ctx_of
 
 router = APIRouter()
 

@@ -19,9 +19,9 @@ from typing import Optional
 
 import anyio
 
-from schemas.connection import sync_client
-from producer.engine_limits import Sample, diagnose, parse_metrics
-from producer.queue_stats import ModelQueueStats, all_stats
+from inferq.schemas.connection import sync_client
+from inferq.producer.engine_limits import Sample, diagnose, parse_metrics
+from inferq.producer.queue_stats import ModelQueueStats, all_stats
 
 TTFT = "inferq:time_to_first_token_seconds"
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from schemas import decode_event
-from schemas.fold import Assembly, ReplyGap
-from schemas.text import as_str
+from inferq.schemas import decode_event
+from inferq.schemas.fold import Assembly, ReplyGap
+from inferq.schemas.text import as_str
 
 
 def _at(entry_id: str) -> float:

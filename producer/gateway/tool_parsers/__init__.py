@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Optional
 
-from producer.gateway.tool_parsers import forced, hermes, llama3, mistral
-from producer.gateway.tool_parsers.base import (
+from inferq.producer.gateway.tool_parsers import forced, hermes, llama3, mistral
+from inferq.producer.gateway.tool_parsers.base import (
     ArgsDelta, CallStart, Content, Event, ToolCall, ToolCallStream, new_call_id, parse,
 )
 

@@ -20,7 +20,7 @@ import string
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-from producer.gateway.tool_parsers.json_scan import WS, CallScan
+from inferq.producer.gateway.tool_parsers.json_scan import WS, CallScan
 
 
 @dataclass

@@ -2,8 +2,8 @@
 ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``, one per tag."""
 from __future__ import annotations
 
-from producer.gateway.tool_parsers.base import Opener
-from producer.gateway.tool_parsers.regions import read_one_call
+from inferq.producer.gateway.tool_parsers.base import Opener
+from inferq.producer.gateway.tool_parsers.regions import read_one_call
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 

@@ -3,8 +3,8 @@ answer (several separated by ``;``), or after ``<|python_tag|>``. Without the ta
 a JSON answer is a call only when it names one of the request's tools."""
 from __future__ import annotations
 
-from producer.gateway.tool_parsers.base import Opener
-from producer.gateway.tool_parsers.regions import read_calls
+from inferq.producer.gateway.tool_parsers.base import Opener
+from inferq.producer.gateway.tool_parsers.regions import read_calls
 
 PYTHON_TAG = "<|python_tag|>"
 

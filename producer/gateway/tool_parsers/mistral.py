@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import re
 
-from producer.gateway.tool_parsers.base import Opener, RegionScan
-from producer.gateway.tool_parsers.json_scan import CallScan, Invalid, Partial, scan_value, skip_ws
-from producer.gateway.tool_parsers.regions import INVALID, read_array, read_one_call
+from inferq.producer.gateway.tool_parsers.base import Opener, RegionScan
+from inferq.producer.gateway.tool_parsers.json_scan import CallScan, Invalid, Partial, scan_value, skip_ws
+from inferq.producer.gateway.tool_parsers.regions import INVALID, read_array, read_one_call
 
 OPEN, ARGS = "[TOOL_CALLS]", "[ARGS]"
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Optional
 
-from producer.gateway.tool_parsers.base import RegionScan
-from producer.gateway.tool_parsers.json_scan import CallScan, scan_call, skip_ws
+from inferq.producer.gateway.tool_parsers.base import RegionScan
+from inferq.producer.gateway.tool_parsers.json_scan import CallScan, scan_call, skip_ws
 
 INVALID = RegionScan(invalid=True)
 

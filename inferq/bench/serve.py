@@ -12,9 +12,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Optional, Sequence
 
-from producer.bench.arrivals import arrival_offsets
-from producer.bench.datasets import BenchRequest
-from producer.bench.metrics import RequestRecord, compute_metrics
+from inferq.bench.arrivals import arrival_offsets
+from inferq.bench.datasets import BenchRequest
+from inferq.bench.metrics import RequestRecord, compute_metrics
 
 
 async def run_schedule(backend, requests: Sequence[BenchRequest], offsets: Sequence[float],

@@ -1,7 +1,7 @@
 """`inferq bench serve|modes|offline`: argument parsing and dispatch.
 
 `serve` is client-side (no torch). `modes` and `offline` run the engine in
-this process, so they are handed to gpuworker.bench, imported only then.
+this process, so they are handed to inferq.bench, imported only then.
 """
 from __future__ import annotations
 
@@ -81,7 +81,7 @@ def _percentiles(text: str) -> list[float]:
 
 
 def build_dataset(args):
-    from producer.bench import datasets
+    from inferq.bench import datasets
 
     out_len = args.output_len or args.random_output_len
     if args.num_prompts < 1:
@@ -100,8 +100,8 @@ def build_dataset(args):
 def cmd_serve(argv: Sequence[str]) -> int:
     from rich.console import Console
 
-    from producer.bench import serve
-    from producer.bench.metrics import parse_goodput
+    from inferq.bench import serve
+    from inferq.bench.metrics import parse_goodput
 
     args = serve_parser().parse_args(list(argv))
     err = Console(stderr=True)
@@ -114,11 +114,11 @@ def cmd_serve(argv: Sequence[str]) -> int:
         if args.num_warmups < 0:
             raise ValueError("--num-warmups cannot be negative")
         if args.backend == "redis":
-            from producer.bench.backends import RedisBackend
+            from inferq.bench.backends import RedisBackend
 
             backend = RedisBackend(args.redis_url, args.model, args.timeout)
         else:
-            from producer.bench.backends import HTTPBackend
+            from inferq.bench.backends import HTTPBackend
 
             backend = HTTPBackend(args.base_url, args.model, args.timeout, args.api_key)
         result, records, start = serve.run(
@@ -138,7 +138,7 @@ def cmd_serve(argv: Sequence[str]) -> int:
     serve.write_json(path, serve.result_document(result, records, start, config))
     print(f"result: {path}")
     if not args.no_figure:
-        from producer.bench.plots import serve_figure
+        from inferq.bench.plots import serve_figure
 
         fig = serve_figure(records, start, result, Path(args.figure or path.with_suffix(".png")),
                            title=f"inferq bench serve ({args.backend}, {backend.model}): {result['completed']} ok, "
@@ -148,11 +148,11 @@ def cmd_serve(argv: Sequence[str]) -> int:
 
 
 def engine_bench(name: str) -> Callable[[Sequence[str]], int]:
-    """`bench modes|offline`: gpuworker.bench.<name> in this process (needs the worker extra)."""
+    """`bench modes|offline`: inferq.bench.<name> in this process (needs the worker extra)."""
 
     def run(argv: Sequence[str]) -> int:
         try:
-            main = importlib.import_module(f"gpuworker.bench.{name}").main
+            main = importlib.import_module(f"inferq.bench.{name}").main
         except ImportError as e:
             print(f"error: `bench {name}` runs the engine and needs the worker extra (torch etc.): {e}",
                   file=sys.stderr)

@@ -21,8 +21,8 @@ from typing import Callable
 
 import torch
 
-from gpuworker.bench.process_memory import SystemMemory, gib, system_memory
-from gpuworker.bench.random_model_shapes import SHAPES
+from inferq.bench.process_memory import SystemMemory, gib, system_memory
+from inferq.bench.random_model_shapes import SHAPES
 
 
 @dataclass
@@ -81,7 +81,7 @@ def warm_median_s(fn: Callable[[], object], repeats: int = 5) -> float:
 
 # -- systems ------------------------------------------------------------------
 def run_inferq(llm, wl: Workload) -> None:
-    from schemas import SamplingParams
+    from inferq.schemas import SamplingParams
 
     params = [SamplingParams(max_tokens=o, temperature=0, ignore_eos=True) for o in wl.output_lens]
     outs = llm.generate(wl.prompts, params)
@@ -172,8 +172,8 @@ def parse_args(argv=None):
 
 def random_folder(args):
     """The cached random-weight folder for --random-model, in the dtype the engine will run."""
-    from gpuworker.bench.random_model import random_model_folder
-    from gpuworker.config import EngineConfig
+    from inferq.bench.random_model import random_model_folder
+    from inferq.gpuworker.config import EngineConfig
 
     cfg = EngineConfig(dtype=args.dtype, device=args.device)
     dtype = cfg.resolved_dtype(cfg.resolved_device())
@@ -190,16 +190,16 @@ def _longest(*workloads: Workload) -> int:
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--step" in argv:  # the per-step host overhead benchmark (gpuworker/bench/step.py)
-        from gpuworker.bench.step import main as step_main
+        from inferq.bench.step import main as step_main
 
         argv.remove("--step")
         return step_main(argv)
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
-    from gpuworker import LLM
-    from gpuworker.engine import host_malloc
-    from gpuworker.models.loader import resolve_model_folder
-    from gpuworker.models.weight_memory import kv_cache_bytes, one_copy_bytes
+    from inferq.gpuworker import LLM
+    from inferq.gpuworker.engine import host_malloc
+    from inferq.gpuworker.models.loader import resolve_model_folder
+    from inferq.gpuworker.models.weight_memory import kv_cache_bytes, one_copy_bytes
 
     if args.random_model:
         if args.model:
@@ -230,7 +230,7 @@ def main(argv=None) -> int:
     vllm = None
     start_vllm = None
     if "vllm" in peers:
-        from gpuworker.bench.vllm_peer import VllmPeer, vllm_python
+        from inferq.bench.vllm_peer import VllmPeer, vllm_python
 
         folder, _, _ = resolve_model_folder(args.model)
         peer_kwargs = dict(dtype=str(dtype).removeprefix("torch."), max_num_seqs=args.max_num_seqs,

@@ -30,8 +30,8 @@ from typing import Optional
 
 import torch
 
-from gpuworker.bench.mixed_workload import TimedRequest, mixed_workload
-from gpuworker.bench.replay import Trace, replay
+from inferq.bench.mixed_workload import TimedRequest, mixed_workload
+from inferq.bench.replay import Trace, replay
 
 MODES = ("naive", "static", "continuous", "chunked")
 LABELS = {"naive": "NAIVE", "static": "STATIC", "continuous": "CONTINUOUS", "chunked": "CONTINUOUS+CHUNKED"}
@@ -58,8 +58,8 @@ def mode_specs(max_num_seqs: int, budget: int, chunk_budget: int, static_batch: 
 
 def configure(engine, spec: ModeSpec) -> None:
     """Give the loaded engine a fresh, empty block manager and scheduler for this mode."""
-    from gpuworker.engine.kv_cache_manager import KVCacheManager
-    from gpuworker.engine.scheduler import Scheduler
+    from inferq.gpuworker.engine.kv_cache_manager import KVCacheManager
+    from inferq.gpuworker.engine.scheduler import Scheduler
 
     if engine.has_unfinished():
         raise RuntimeError("cannot switch modes with requests in flight")
@@ -317,8 +317,8 @@ class _Bar:
 def main(argv=None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
-    from gpuworker.engine.llm_engine import LLMEngine
-    from gpuworker.config import EngineConfig
+    from inferq.gpuworker.engine.llm_engine import LLMEngine
+    from inferq.gpuworker.config import EngineConfig
 
     # The cache must hold every request at its final length at once (no preemption
     # skews any mode), and without chunking the longest prompt must fit in one step.

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from gpuworker.bench.random_model_shapes import SHAPES, Shape, parameter_count
+from inferq.bench.random_model_shapes import SHAPES, Shape, parameter_count
 
 STD = 0.02
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json")
@@ -36,7 +36,7 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 
 
 def default_root() -> Path:
-    from gpuworker.models.gguf_loader import cache_root
+    from inferq.gpuworker.models.gguf_loader import cache_root
 
     return cache_root() / "random-models"
 
@@ -139,7 +139,7 @@ def _copy_tokenizer(folder: Path):
     """The bundled SmolLM2 tokenizer files (from its converted GGUF folder)."""
     from transformers import AutoTokenizer
 
-    from gpuworker.models.loader import bundled_model_path, converted_folder
+    from inferq.gpuworker.models.loader import bundled_model_path, converted_folder
 
     src = converted_folder(bundled_model_path())
     for name in TOKENIZER_FILES:

@@ -35,7 +35,7 @@ def make_tiny_model(folder: Path, seed: int = 0) -> Path:
     """A 2-layer random Llama (hidden 64) with the bundled SmolLM2 tokenizer."""
     import transformers
 
-    from gpuworker.models.loader import bundled_model_path, converted_folder
+    from inferq.gpuworker.models.loader import bundled_model_path, converted_folder
 
     src = Path(converted_folder(bundled_model_path()))
     cfg = transformers.LlamaConfig(
@@ -91,7 +91,7 @@ def prefill_steps(batch: int, prompt_len: int, budget: int) -> int:
 
 def measure(llm, batch: int, prompt_len: int, steps: int, sampling: bool, seed: int = 0,
             penalties: bool = False) -> dict:
-    from schemas import SamplingParams
+    from inferq.schemas import SamplingParams
 
     eng = llm.engine
     rng = random.Random(seed)
@@ -150,7 +150,7 @@ def parse_args(argv=None):
 def main(argv=None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
-    from gpuworker import LLM
+    from inferq.gpuworker import LLM
 
     sizes = [int(x) for x in args.batch_sizes.split(",")]
     with tempfile.TemporaryDirectory(prefix="inferq-step-") as tmp:

@@ -40,11 +40,11 @@ def parse_args(argv=None):
 def main(argv=None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
-    from gpuworker import LLM
-    from gpuworker.bench.structured_cases import PROMPTS, SCHEMAS
-    from gpuworker.engine.grammar import GrammarCompiler
-    from gpuworker.models.loader import resolve_model_folder
-    from schemas import SamplingParams, StructuredOutputs
+    from inferq.gpuworker import LLM
+    from inferq.bench.structured_cases import PROMPTS, SCHEMAS
+    from inferq.gpuworker.engine.grammar import GrammarCompiler
+    from inferq.gpuworker.models.loader import resolve_model_folder
+    from inferq.schemas import SamplingParams, StructuredOutputs
 
     llm = LLM(dtype=args.dtype, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
               enable_prefix_caching=False)
@@ -78,7 +78,7 @@ def main(argv=None) -> int:
 
     vllm = None
     if args.peers == "vllm":
-        from gpuworker.bench.vllm_peer import VllmPeer, vllm_python
+        from inferq.bench.vllm_peer import VllmPeer, vllm_python
 
         folder, _, _ = resolve_model_folder(None)
         vllm_c = VllmPeer(vllm_python(args.vllm_python), str(folder), prompts, [args.max_tokens] * len(prompts),

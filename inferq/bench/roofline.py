@@ -26,8 +26,8 @@ from dataclasses import dataclass
 
 import torch
 
-from gpuworker.bench.offline import warm_median_s
-from gpuworker.bench.random_model_shapes import SHAPES, Shape, parameter_count
+from inferq.bench.offline import warm_median_s
+from inferq.bench.random_model_shapes import SHAPES, Shape, parameter_count
 
 # The bundled model (HuggingFaceTB/SmolLM2-135M-Instruct's config), beside the random-weight shapes.
 SMOLLM2 = Shape(architecture="LlamaForCausalLM", hidden_size=576, num_layers=30, num_heads=9, num_kv_heads=3,
@@ -67,7 +67,7 @@ def step_ms(cost: dict, m: Machine) -> dict:
 
 def measure(threads: int) -> Machine:
     """This machine at ``threads`` threads, through the engine's own fp32 matmul kernel."""
-    from gpuworker.models import cpu_linear
+    from inferq.gpuworker.models import cpu_linear
 
     torch.set_num_threads(threads)
     lib = cpu_linear.load()

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
-from producer.bench.metrics import RequestRecord, throughput_timeline
+from inferq.bench.metrics import RequestRecord, throughput_timeline
 
 
 def serve_figure(records: Sequence[RequestRecord], start: float, result: dict, path: Path, title: str = "") -> Path:

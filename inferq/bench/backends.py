@@ -14,8 +14,8 @@ import json
 import time
 from typing import Optional, Protocol
 
-from producer.bench.datasets import BenchRequest
-from producer.bench.metrics import RequestRecord
+from inferq.bench.datasets import BenchRequest
+from inferq.bench.metrics import RequestRecord
 
 
 def sampling_for(req: BenchRequest) -> dict:
@@ -35,7 +35,7 @@ class RedisBackend:
     name = "redis"
 
     def __init__(self, redis_url: Optional[str], model: Optional[str], timeout_s: float):
-        from producer import AsyncProducer
+        from inferq.producer import AsyncProducer
 
         # Every request in flight holds one blocking XREAD; keep the backlog bound out of the way.
         self.producer = AsyncProducer(redis_url, default_model=model, max_backlog=0)

@@ -61,8 +61,8 @@ def _waves(llm, prompts, params, batch: int):
 
 def _start_peers(args, workload: str, batch: int, prompts, lens, vspec, temperature: float) -> dict:
     """vLLM plain, with n-gram speculation, and a first-token-only pass (for the decode rate)."""
-    from gpuworker.bench.vllm_peer import VllmPeer, vllm_python
-    from gpuworker.models.loader import resolve_model_folder
+    from inferq.bench.vllm_peer import VllmPeer, vllm_python
+    from inferq.gpuworker.models.loader import resolve_model_folder
 
     folder, _, _ = resolve_model_folder(None)
     peers = {}
@@ -85,9 +85,9 @@ def _start_peers(args, workload: str, batch: int, prompts, lens, vspec, temperat
 def main(argv=None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
-    from gpuworker import LLM
-    from gpuworker.bench.copy_documents import copy_chats
-    from schemas import SamplingParams
+    from inferq.gpuworker import LLM
+    from inferq.bench.copy_documents import copy_chats
+    from inferq.schemas import SamplingParams
 
     batches = [int(b) for b in args.batches.split(",")]
     n_req = max(args.num_requests, max(batches))

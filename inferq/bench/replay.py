@@ -15,8 +15,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-from gpuworker.bench.mixed_workload import TimedRequest
-from schemas import SamplingParams
+from inferq.bench.mixed_workload import TimedRequest
+from inferq.schemas import SamplingParams
 
 
 @dataclass
