@@ -111,6 +111,7 @@ class Supervisor:
         self.redis_url = ""
         self.worker: Optional[Child] = None
         self.gateway: Optional[Child] = None
+        self.worker_metrics_url = ""
         self.stop_event = threading.Event()
         self._stopping = False
         self.model = opts.served_model_name or keys.served_name(opts.model)
@@ -160,6 +161,9 @@ class Supervisor:
         env = dict(os.environ)
         env["INFERQ_REDIS_URL"] = self.redis_url
         env.setdefault("PYTHONUNBUFFERED", "1")
+        # `python -m` would put the current folder first on the children's path: run from a
+        # web app's folder, its own modules (redis.py, torch.py, ...) would shadow ours.
+        env.setdefault("PYTHONSAFEPATH", "1")
         return env
 
     def start_worker(self, metrics_port: int) -> None:
@@ -167,6 +171,7 @@ class Supervisor:
         # Settings by environment: the worker reads INFERQ_* (pydantic-settings).
         env["INFERQ_METRICS_PORT"] = str(metrics_port)
         env["INFERQ_METRICS_ADDR"] = "127.0.0.1"
+        self.worker_metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
         if self.opts.model:
             env["INFERQ_MODEL"] = self.opts.model
         if self.opts.served_model_name:
@@ -186,6 +191,9 @@ class Supervisor:
         env.setdefault("INFERQ_GATEWAY_MODELS", self.model)
         if self.opts.api_keys is not None:
             env["INFERQ_GATEWAY_API_KEYS"] = self.opts.api_keys
+        # /dashboard reads the worker it started (running, KV usage, the binding limit, charts).
+        if self.worker_metrics_url:
+            env.setdefault("INFERQ_GATEWAY_DASHBOARD_WORKER_METRICS", self.worker_metrics_url)
         args = [sys.executable, "-m", "inferq.producer.gateway", "--host", self.opts.host, "--port", str(port)]
         self.gateway = Child("gateway", args, env, self.log_dir / "gateway.log")
 

@@ -26,6 +26,19 @@ def inferq_cmd() -> list[str]:
     return [exe] if exe else [sys.executable, "-m", "inferq.cli"]
 
 
+def wait_for_worker_metrics(url: str, samples: int = 600) -> dict:
+    """The dashboard's worker row once the gateway's sampler has read the worker's
+    /metrics (it samples on its own clock: poll the observed state, bounded by count)."""
+    rows = []
+    for _ in range(samples):
+        rows = httpx.get(f"{url}/dashboard/api/workers", timeout=10).json()["data"]
+        ready = [r for r in rows if (r.get("metrics") or {}).get("config")]
+        if ready:
+            return ready[0]
+        time.sleep(0.1)
+    raise AssertionError(f"the dashboard never showed the worker's metrics: {rows}")
+
+
 @pytest.mark.slow
 def test_inferq_up_serves_openai_and_stops_cleanly_on_sigint(tmp_path):
     port, redis_port, metrics_port = free_port(), free_port(), free_port()
@@ -68,6 +81,13 @@ def test_inferq_up_serves_openai_and_stops_cleanly_on_sigint(tmp_path):
         chunks = list(client.chat.completions.create(model=keys.DEFAULT_MODEL, messages=messages, max_tokens=24,
                                                      temperature=0, stream=True))
         assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == answer
+
+        # /dashboard reads the worker `up` started, with no flag: its row carries live engine metrics.
+        assert httpx.get(f"{url}/dashboard", timeout=10).status_code == 200
+        row = wait_for_worker_metrics(url)
+        assert row["alive"] and row["metrics"]["metrics_url"] == f"http://127.0.0.1:{metrics_port}/metrics"
+        assert row["metrics"]["config"]["num_kv_blocks"] > 0 and 0 <= row["metrics"]["kv_cache_usage"] <= 1
+        assert row["metrics"]["running"] == 0  # both requests finished
 
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=90) == 0, out.text()
