@@ -86,7 +86,7 @@ def test_inferq_up_serves_openai_and_stops_cleanly_on_sigint(tmp_path):
         assert httpx.get(f"{url}/dashboard", timeout=10).status_code == 200
         row = wait_for_worker_metrics(url)
         assert row["alive"] and row["metrics"]["metrics_url"] == f"http://127.0.0.1:{metrics_port}/metrics"
-        assert row["metrics"]["config"]["num_kv_blocks"] > 0 and 0 <= row["metrics"]["kv_cache_usage"] <= 1
+        assert int(row["metrics"]["config"]["num_kv_blocks"]) > 0 and 0 <= row["metrics"]["kv_cache_usage"] <= 1
         assert row["metrics"]["running"] == 0  # both requests finished
 
         proc.send_signal(signal.SIGINT)
