@@ -6,9 +6,14 @@ Each worker has its own registry, so several can live in one test process.
 """
 from __future__ import annotations
 
-from typing import Optional
+import json
+import socket
+import threading
+from typing import Callable, Optional
+from wsgiref.simple_server import WSGIRequestHandler, make_server
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, make_wsgi_app
+from prometheus_client.exposition import ThreadingWSGIServer
 
 # vLLM V1's buckets (seconds).
 TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
@@ -135,9 +140,36 @@ class WorkerMetrics:
         return (("sd", self.spec_drafts, spec.num_drafts), ("st", self.spec_draft_tokens, spec.num_draft_tokens),
                 ("sa", self.spec_accepted_tokens, spec.num_accepted_tokens))
 
-    def serve(self, port: int, addr: str = "0.0.0.0"):
-        """Serve /metrics on ``port``; returns the server (or None if port is 0)."""
+    def serve(self, port: int, addr: str = "0.0.0.0", health: Optional[Callable[[], tuple[bool, str]]] = None):
+        """Serve /metrics on ``port`` and, given ``health`` (returning (ok, reason)), GET /health:
+        200 or 503 with the reason. Returns the server (or None if port is 0)."""
         if not port:
             return None
-        server, _thread = start_http_server(port, addr=addr, registry=self.registry)
+        app = with_health(make_wsgi_app(self.registry), health) if health else make_wsgi_app(self.registry)
+
+        class Server(ThreadingWSGIServer):
+            address_family = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM)[0][0]  # IPv6 too
+
+        server = make_server(addr, port, app, Server, handler_class=QuietHandler)
+        threading.Thread(target=server.serve_forever, name="inferq-metrics", daemon=True).start()
         return server
+
+
+class QuietHandler(WSGIRequestHandler):
+    def log_message(self, format, *args):  # no access log line per scrape or probe
+        pass
+
+
+def with_health(metrics_app, health: Callable[[], tuple[bool, str]]):
+    """The WSGI app: GET /health answered by ``health``, every other path by ``metrics_app``."""
+
+    def app(environ, start_response):
+        if environ.get("PATH_INFO") != "/health":
+            return metrics_app(environ, start_response)
+        ok, reason = health()
+        body = json.dumps({"status": "ok" if ok else "unhealthy", "reason": reason}).encode()
+        start_response("200 OK" if ok else "503 Service Unavailable",
+                       [("Content-Type", "application/json"), ("Content-Length", str(len(body)))])
+        return [body]
+
+    return app

@@ -53,6 +53,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"inferq worker: invalid configuration:\n{e}", file=sys.stderr)
         return 2
     configure(settings.log_level, settings.log_json)
+    from inferq.gpuworker.service.device_check import DeviceUnusable
     from inferq.gpuworker.service.identity import WorkerIdInUse
     from inferq.gpuworker.service.worker import Worker
 
@@ -61,7 +62,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     worker = Worker(settings)
     try:
         return worker.run()
-    except WorkerIdInUse as e:
+    except (WorkerIdInUse, DeviceUnusable) as e:
         print(f"inferq worker: {e}", file=sys.stderr)
         return 2
     except redis.AuthenticationError as e:

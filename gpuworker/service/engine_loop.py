@@ -47,6 +47,8 @@ class EngineLoop(threading.Thread):
         self.log = log
         self.rebuild = rebuild
         self.drain_until: Optional[float] = None  # set by the worker on shutdown
+        # time.monotonic() at the top of the latest iteration: GET /health (service/health.py).
+        self.last_beat: Optional[float] = None
         self.error: Optional[BaseException] = None
         # Job id -> its engine requests (one per choice, see service/choices.py).
         self._in_engine: dict[str, ChoiceGroup] = {}
@@ -68,6 +70,7 @@ class EngineLoop(threading.Thread):
 
     def _loop(self) -> None:
         while True:
+            self.last_beat = time.monotonic()
             busy = self.engine.has_unfinished() or bool(self._probation) or bool(self._held)
             self._drain_commands(block=not busy)
             if self.drain_until is not None:

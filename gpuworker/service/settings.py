@@ -83,6 +83,8 @@ class WorkerSettings(QueuePolicy):
     # Observability
     metrics_port: int = Field(0, ge=0, le=65535, description="Prometheus port (0 = off)")
     metrics_addr: str = Field("0.0.0.0", description="Prometheus bind address")
+    # Generous: a first request's Triton compiles run inside one step.
+    health_stall_s: float = Field(120.0, gt=0.0, description="GET /health on the metrics port answers 503 once the engine loop has not come round (a step or an idle wait) for this long")
     log_level: str = Field("info", description="debug | info | warning | error")
     log_json: bool = Field(True, description="JSON log lines (default) or console")
     log_prompts: bool = Field(False, description="include prompts in logs (off by default)")

@@ -16,7 +16,9 @@ from inferq.schemas.text import as_str
 from inferq.gpuworker.logging import get_logger
 from inferq.gpuworker.metrics import WorkerMetrics
 from inferq.gpuworker.service.context import WorkerContext
+from inferq.gpuworker.service.device_check import CudaFacts, check_device
 from inferq.gpuworker.service.engine_loop import EngineLoop
+from inferq.gpuworker.service.health import engine_loop_checker
 from inferq.gpuworker.service.identity import WorkerIdentity
 from inferq.gpuworker.service.intake import Intake
 from inferq.gpuworker.service.lease import LeaseKeeper
@@ -90,6 +92,8 @@ class Worker:
 
     # -- lifecycle -------------------------------------------------------------
     def start(self) -> None:
+        if self.engine is None:  # before anything else: a worker that cannot run says why at once
+            check_device(self.s.device, self.s.attention_backend, CudaFacts.from_torch())
         self.r.ping()  # fail fast on a wrong URL or password, before loading a model
         # One live process per worker id (raises WorkerIdInUse), before loading a model too.
         self.identity = WorkerIdentity(self.ctx.model, self.ctx.consumer, ttl_s=3 * self.s.lease_seconds)
@@ -132,7 +136,8 @@ class Worker:
                                  identity=self.identity, on_identity_lost=self.request_stop)
         self.intake.ensure_group()  # before the lease thread's first XAUTOCLAIM
         self.lease.heartbeat()
-        self._metrics_server = self.metrics.serve(self.s.metrics_port, self.s.metrics_addr)
+        self._metrics_server = self.metrics.serve(self.s.metrics_port, self.s.metrics_addr,
+                                                  health=engine_loop_checker(self.engine_loop, self.s.health_stall_s))
         for t in (self.engine_loop, self.publisher, self.lease, self.intake):
             t.start()
         self._threads_started = True
