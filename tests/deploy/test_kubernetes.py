@@ -292,12 +292,14 @@ def check_consistency(objs: list[dict]) -> None:
     assert res["requests"]["nvidia.com/gpu"] == res["limits"]["nvidia.com/gpu"] == "1"
     env = {e["name"]: e for e in wc.get("env", [])}
     assert env["INFERQ_WORKER_ID"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    assert env["INFERQ_DEVICE"]["value"] == "cuda"  # no silent fallback to the CPU
     args = wc["args"]
     metrics_port = int(args[args.index("--metrics-port") + 1])
     ports = {p["name"]: p["containerPort"] for p in wc["ports"]}
-    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+    # Liveness is the engine loop's /health (a stuck engine still serves /metrics).
+    for probe, path in (("startupProbe", "/metrics"), ("readinessProbe", "/metrics"), ("livenessProbe", "/health")):
         hg = wc[probe]["httpGet"]
-        assert hg["path"] == "/metrics"
+        assert hg["path"] == path
         assert ports[hg["port"]] == metrics_port if isinstance(hg["port"], str) else hg["port"] == metrics_port
 
     # Gateway: readiness on /ready, liveness on /health.
