@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
 
@@ -22,6 +22,7 @@ from inferq.gpuworker.engine.model_runner import ModelRunner
 from inferq.gpuworker.engine.outputs import EngineStats, RequestDelta
 from inferq.gpuworker.engine.penalty_tokens import PenaltyTokens
 from inferq.gpuworker.engine.request import Request, RequestStatus
+from inferq.gpuworker.engine.continuation import continue_from
 from inferq.gpuworker.engine.sampler import make_generator
 from inferq.gpuworker.engine.scheduler import Scheduler
 from inferq.gpuworker.engine.speculative.factory import make_spec_decoder
@@ -154,10 +155,16 @@ class LLMEngine:
         deadline: Optional[float] = None,
         arrival_time: Optional[float] = None,
         matcher=None,
-    ) -> None:
+        continue_token_ids: Sequence[int] = (),
+    ) -> str:
         """``matcher``: the request's compiled structured-output matcher (from
         ``self.grammar.matcher``, compiled off the step loop by the caller); when the
-        params have a constraint and none is given, it is compiled here."""
+        params have a constraint and none is given, it is compiled here.
+
+        ``continue_token_ids``: output an earlier attempt already generated; the
+        request continues after it (engine/continuation.py). Returns the text those
+        tokens show ("" without them); raises CannotContinue (a ValueError) when
+        they cannot be continued."""
         params = params or SamplingParams()
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in the engine")
@@ -190,10 +197,12 @@ class LLMEngine:
         if params.uses_penalties:
             req.penalty_tokens = PenaltyTokens(req.prompt_token_ids, self.model_config.vocab_size, self.device,
                                                with_prompt=params.repetition_penalty != 1.0)
+        shown = continue_from(req, continue_token_ids, vocab, self.max_model_len)
         self.requests[request_id] = req
         if deadline is not None:
             self._with_deadline.add(request_id)
         self.scheduler.add(req)
+        return shown
 
     def abort(self, request_id: str, reason: str = "abort") -> Optional[RequestDelta]:
         """Finish a request now (abort or deadline) and free its blocks."""
