@@ -23,7 +23,6 @@ from inferq.gpuworker.engine.outputs import EngineStats, RequestDelta
 from inferq.gpuworker.engine.penalty_tokens import PenaltyTokens
 from inferq.gpuworker.engine.request import Request, RequestStatus
 from inferq.gpuworker.engine.continuation import continue_from
-from inferq.gpuworker.engine.sampler import make_generator
 from inferq.gpuworker.engine.scheduler import Scheduler
 from inferq.gpuworker.engine.speculative.factory import make_spec_decoder
 from inferq.gpuworker.models.loader import load_model
@@ -190,9 +189,10 @@ class LLMEngine:
             matcher = self.grammar.matcher(params.structured_outputs)
         req = Request(request_id, prompt_token_ids, params, priority, arrival_time, deadline, self.eos_token_ids)
         req.matcher = matcher
-        req.generator = make_generator(params.seed, self.device)
-        if self.spec is not None and params.seed is not None:
-            req.token_seed, req.generator = params.seed, None  # see speculative.verify.token_generator
+        # A seeded request draws output token i from a generator seeded by (seed, i): its
+        # tokens do not depend on how many positions a step verified (speculation), nor on
+        # where an attempt started (a continued request draws token N as the first did).
+        req.token_seed = params.seed
         req.detokenizer = IncrementalDetokenizer(self.tokenizer, req.prompt_token_ids, params)
         if params.uses_penalties:
             req.penalty_tokens = PenaltyTokens(req.prompt_token_ids, self.model_config.vocab_size, self.device,
