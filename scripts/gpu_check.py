@@ -1,8 +1,11 @@
 #!/usr/bin/env python3
 """One-command GPU check of inferq's Triton path (NVIDIA H200; no network; under 8 minutes).
 
-    python3 scripts/gpu_check.py [--out DIR] [--budget-s 450] [--skip-engine] [--skip-pytest]
-    TRITON_INTERPRET=1 python3 scripts/gpu_check.py --cpu-smoke   # this script's own logic, tiny shapes, on CPU
+    python3 -m scripts.gpu_check [--out DIR] [--budget-s 450] [--skip-engine] [--skip-pytest]
+    TRITON_INTERPRET=1 python3 -m scripts.gpu_check --cpu-smoke   # this script's own logic, tiny shapes, on CPU
+
+Run from the repository root with inferq installed: the kernel checks borrow the test
+suite's paged batches (tests/kernels), which `-m` finds in the checkout.
 
 Needs only PyTorch and Triton. Everything else is optional and skipped with a
 reason when missing (carry wheels as scripts/gpu_check.sh explains):
@@ -14,7 +17,7 @@ reason when missing (carry wheels as scripts/gpu_check.sh explains):
              with SmolLM2-135M shapes (Hq 9, Hkv 3, D 64, bf16, block 16):
              time, bytes moved, achieved GB/s next to the 4.8 TB/s floor; the
              torch backend on the same batch for comparison.
-3. engine    the offline benchmark, gpuworker/bench/offline.py (64 requests,
+3. engine    the offline benchmark, inferq.bench.offline (64 requests,
              prompts 16-512, outputs 16-256, ignore_eos) on SmolLM2-135M's
              architecture in bf16, the engine on its CUDA default (triton)
              against HF transformers generate with static batches, same GPU.
@@ -36,7 +39,6 @@ import traceback
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 CPU_SMOKE = "--cpu-smoke" in sys.argv
 if CPU_SMOKE:  # must precede any inferq_kernels.* import: triton.jit reads it at definition time
     os.environ["TRITON_INTERPRET"] = "1"
@@ -356,7 +358,7 @@ def smollm2_shaped_model(folder: Path, tokenizer: Path, small: bool) -> Path:
 
 
 def run_engine_benchmark(budget: Budget, out_dir: Path, tokenizer_arg: str | None) -> None:
-    """The offline benchmark (gpuworker/bench/offline.py) on a SmolLM2-shaped bf16 model."""
+    """The offline benchmark (inferq.bench.offline) on a SmolLM2-shaped bf16 model."""
     missing = [m for m in ("transformers", "pydantic", "safetensors") if not _importable(m)]
     if missing:
         row("engine", "offline benchmark", "SKIPPED", f"missing packages {missing}; carry wheels (scripts/gpu_check.sh)")

@@ -6,6 +6,7 @@
 #                                       # cp312 wheels the GPU image lacks and the SmolLM2 tokenizer files
 #   bash scripts/gpu_check.sh [ARGS]    # on the GPU machine (carry .gpu_carry): installs the carried
 #                                       # wheels into /tmp/site, then runs scripts/gpu_check.py ARGS
+#                                       # (as `python -m scripts.gpu_check`: it uses tests/ helpers)
 #
 # The GPU image (Python 3.12, torch, triton, transformers, safetensors, pytest) has no
 # pydantic, which `schemas` needs; without the wheels the engine section is skipped.
@@ -29,7 +30,6 @@ PY
     $PY - "$CARRY/tokenizer" <<'PY'
 import shutil, sys
 from pathlib import Path
-sys.path.insert(0, ".")
 from tests.tiny_models import TOKENIZER_FILES, tokenizer_source
 src, dst = tokenizer_source(), Path(sys.argv[1])
 for name in TOKENIZER_FILES:
@@ -46,4 +46,4 @@ if compgen -G "$CARRY/whl/*.whl" > /dev/null; then
     export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
 export PYTHONUNBUFFERED=1
-exec $PY scripts/gpu_check.py "$@"
+exec $PY -m scripts.gpu_check "$@"

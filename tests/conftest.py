@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from inferq.ports import free_port
+
 # Two shared cores: keep torch from oversubscribing them.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -21,12 +23,6 @@ os.environ.setdefault("INFERQ_DTYPE", "float32")
 # triton is first imported, so it is set before anything can import it.
 if not os.path.exists("/dev/nvidia0"):
     os.environ.setdefault("TRITON_INTERPRET", "1")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def redis_server_binary() -> str:

@@ -28,7 +28,7 @@ class WorkerProc:
     ``defaults`` are the flags the service tests run with (short lease, fast
     BLOCK, invariant checks); ``extra`` flags come after them and win.
     ``launcher``: what runs the worker (a wrapper script that takes the worker's
-    flags after its own, e.g. scripts/trace_ttft.py)."""
+    flags after its own, e.g. ``("-m", "inferq.bench.ttft_trace", "worker", ...)``)."""
 
     def __init__(self, redis_url: str, model_folder: Path, served: str, log_dir: Path, worker_id: str,
                  *extra: str, metrics: bool = False, defaults: tuple = SERVICE_DEFAULTS,

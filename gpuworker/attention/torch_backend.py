@@ -15,7 +15,7 @@ same ``AttentionMetadata``; planning reads only the host lists, so nothing syncs
   tokens to verify) with >= 8 (token, query head) rows per kv head to ONE call of the tiled
   prefill kernel (inferq_kernels/cpu/paged_prefill.c: a tile of 16 such rows against each 16-key
   chunk of the cache, online softmax, causal mask only where a chunk crosses the tile's rows).
-  Measured per route (``scripts/bench_prefill_attention.py``, docs/benchmarks.md: 2-2,048
+  Measured per route (``inferq bench prefill-attention``, docs/benchmarks.md: 2-2,048
   tokens, contexts 0/512/1,024, fp32 and bf16, 1 and 2 threads, G = 1/3/4, D = 64/128) it
   was the fastest from 8 rows on: against baddbmm it skips the masked half of the scores and
   the gather (1.2-2x at 128-512 tokens after a context, 2.3-12x past 1,024), against the
@@ -258,7 +258,7 @@ class TorchAttentionBackend(AttentionBackend):
         if q_len * groups < _MIN_TILED_ROWS:
             return "rows"
         # Otherwise the tiled kernel won every measured case (docs/benchmarks.md,
-        # scripts/bench_prefill_attention.py): a matmul's work (a tile's rows share each key)
+        # inferq bench prefill-attention): a matmul's work (a tile's rows share each key)
         # without the masked half of the scores or a gather. Where it did not build: the rows of
         # a chunk that starts a sequence (no mask, no masked half), baddbmm for one with a context.
         if tiled_ok:

@@ -4,7 +4,7 @@ A prompt step's temporaries are tens of MB each (2,048 rows x 3,072 fp32 is 25 M
 projection). glibc serves blocks that large with mmap and unmaps them when they are freed (its
 dynamic threshold stops growing at 32 MB), or trims them off the top of the heap, so the next
 step faults every page back in, zero-filled by the kernel: ~270,000 minor faults in a 6-second
-run of 32 prompts on SmolLM2-135M in fp32, ~7 % of its time (scripts/bench_host_malloc.py). Raising the mmap and trim thresholds
+run of 32 prompts on SmolLM2-135M in fp32, ~7 % of its time (inferq bench host-malloc). Raising the mmap and trim thresholds
 keeps that memory in the heap for reuse; RSS then stays at a step's high-water mark instead of
 dropping between steps. glibc only; nothing is changed where the process already tunes malloc
 through the environment, where the C library is not glibc, or with INFERQ_KEEP_FREED_MEMORY=0.

@@ -12,7 +12,7 @@ pass with software prefetch), each row chunk reusing the panel from L1/L2:
   tiles (a tail chunk zero-padded; a chunk of 1-16 rows runs two tile products a k block,
   not four), fp32 accumulation in the tiles (``tdpbf16ps``), bias in fp32, one rounding to
   bf16 as oneDNN does. On a 2-vCPU Xeon (Emerald Rapids), SmolLM2's projections: 1.2-1.6x
-  oneDNN's prepacked speed at 1-32 rows, 0.8-0.95x at 128-512 (bench_cpu_matmul.py); it runs
+  oneDNN's prepacked speed at 1-32 rows, 0.8-0.95x at 128-512 (inferq bench cpu-matmul); it runs
   every batch size since its panels are the only copy of the weights.
 * bfloat16 on AVX512-BF16 without AMX (e.g. AMD Zen 4 and 5): the panel as [K/2][32][2]
   (one k pair of 32 columns per 128 bytes), 14 rows x 32 columns of fp32 accumulators,
@@ -27,7 +27,7 @@ pass with software prefetch), each row chunk reusing the panel from L1/L2:
 * float32 on AVX2 + FMA without AVX-512 (e.g. AMD EPYC before Zen 4): 16-column panels,
   6 x 16 accumulators, blocked as a GEMM past one row chunk (each panel's 64-long k blocks
   read from L1 by every row chunk, rows in L2-sized blocks); 1.1-2x ``F.linear`` (MKL) at
-  1-64 rows on a 2-core EPYC (scripts/bench_cpu_matmul.py), level with it or faster past
+  1-64 rows on a 2-core EPYC (inferq bench cpu-matmul), level with it or faster past
   that and 1.3-1.6x MKL on its panels, so there it runs every batch size.
 
 The packed panels replace the plain weight (one copy of the weights in memory):
@@ -36,7 +36,7 @@ The packed panels replace the plain weight (one copy of the weights in memory):
 in the one-thread order, so bit-identical at any thread count; one thread where the build
 has no OpenMP). Past ``max_rows`` (float32 on Intel: prompt chunks, where MKL is faster) the float32 panels go to MKL as they lie: ``[n/P][k][P]`` is a batch of
 ``k x P`` matrices, so ``x @ panels`` is one batched matmul with no copy of the weight
-(bench_cpu_matmul.py's "MKL on panels" column). ``rows(ids)`` reads rows of the weight back
+(inferq bench cpu-matmul's "MKL on panels" column). ``rows(ids)`` reads rows of the weight back
 out of the panels (the embedding of a tied LM head). The C is in inferq_kernels/cpu/linear_avx512.c and
 inferq_kernels/cpu/linear_avx2.c, built by inferq_kernels/cpu/loader.py: on CPUs with AVX-512F (else AVX2 + FMA), AMX only where
 /proc/cpuinfo lists it and Linux grants the process AMX state
@@ -67,7 +67,7 @@ _loaded: "ctypes.CDLL | None | bool" = False  # False = not tried yet
 MAX_ROWS = {torch.float32: 64}
 # Kernels that run every batch size (in chunks of this many rows). The AVX512-BF16 kernel:
 # on a 2-core Zen 5 it streamed the weights 1.25-1.5x faster than oneDNN's packing at 1-32
-# rows and matched it up to 2,048 (bench_cpu_matmul.py). The AMX one: its panels are the
+# rows and matched it up to 2,048 (inferq bench cpu-matmul). The AMX one: its panels are the
 # only copy of the weights, so it takes prompt chunks too.
 ALL_ROWS = 1 << 16
 MAX_ROWS_DP_BF16 = MAX_ROWS_AMX_BF16 = ALL_ROWS
@@ -76,7 +76,7 @@ MAX_ROWS_DP_BF16 = MAX_ROWS_AMX_BF16 = ALL_ROWS
 # size. (oneDNN's fp32 packing was ~1.15x the kernel at 2,048 rows, but it builds a
 # primitive per distinct batch size: a worker's memory grew by ~430 MB over 12,000 jobs.)
 MAX_ROWS_AVX512_F32_OFF_INTEL = ALL_ROWS
-# The AVX2 kernel: on a 2-core Zen 3 (scripts/bench_cpu_matmul.py --dtype float32 --no-lm-head)
+# The AVX2 kernel: on a 2-core Zen 3 (inferq bench cpu-matmul --dtype float32 --no-lm-head)
 # level with F.linear on the plain weights at 256-1,024 rows, but 1.33x / 1.56x faster than
 # MKL on its panels (the one copy there is), which a 2,048-token prompt step went to when
 # this stopped at 320 rows: prompts-only ran at 0.81x vLLM.

@@ -1,7 +1,8 @@
-"""`inferq bench serve|modes|offline`: argument parsing and dispatch.
+"""`inferq bench COMMAND`: argument parsing and dispatch.
 
-`serve` is client-side (no torch). `modes` and `offline` run the engine in
-this process, so they are handed to inferq.bench, imported only then.
+`serve` is client-side (no torch) and parsed here. Every other command runs
+``inferq.bench.<module>.main(argv)``, imported only then (inferq.bench.commands
+lists them), so `inferq bench --help` stays light.
 """
 from __future__ import annotations
 
@@ -10,19 +11,17 @@ import importlib
 import math
 import sys
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Optional, Sequence
 
-USAGE = """usage: inferq bench {serve,modes,offline,structured,speculative,roofline} [options]
+from inferq.bench.commands import BENCHMARKS, GROUPS, module_of
 
-  serve    load-test a running inferq through Redis or the gateway (like `vllm bench serve`)
-  modes    the four batching modes (naive, static, continuous, continuous+chunked) on one
-           mixed workload, real engine in-process; plus paged vs contiguous KV waste
-  offline  offline throughput: inferq engine vs HF generate vs HF generate_batch
-  structured  a JSON Schema on every request vs the same mix unconstrained (and vs vLLM)
-  speculative n-gram speculative decoding vs plain decoding on copy-heavy and random mixes (and vs vLLM)
-  roofline the CPU path's scaling model: bandwidth and compute measured at 1..N threads, steps projected to servers
 
-`inferq bench COMMAND --help` shows each command's options."""
+def usage() -> str:
+    width = max(map(len, BENCHMARKS)) + 2
+    lines = ["usage: inferq bench COMMAND [options]"]
+    for group, commands in GROUPS.items():
+        lines += ["", f"{group}:"] + [f"  {name:<{width}}{line}" for name, line in commands.items()]
+    return "\n".join(lines + ["", "`inferq bench COMMAND --help` shows each command's options."])
 
 
 def serve_parser() -> argparse.ArgumentParser:
@@ -147,39 +146,27 @@ def cmd_serve(argv: Sequence[str]) -> int:
     return 0 if result["completed"] else 1
 
 
-def engine_bench(name: str) -> Callable[[Sequence[str]], int]:
-    """`bench modes|offline`: inferq.bench.<name> in this process (needs the worker extra)."""
-
-    def run(argv: Sequence[str]) -> int:
-        try:
-            main = importlib.import_module(f"inferq.bench.{name}").main
-        except ImportError as e:
-            print(f"error: `bench {name}` runs the engine and needs the worker extra (torch etc.): {e}",
-                  file=sys.stderr)
-            return 1
-        return int(main(list(argv)) or 0)
-
-    return run
-
-
-cmd_modes, cmd_offline, cmd_structured = engine_bench("modes"), engine_bench("offline"), engine_bench("structured")
-cmd_speculative, cmd_roofline = engine_bench("speculative"), engine_bench("roofline")
-
-
-COMMANDS = {"serve": cmd_serve, "modes": cmd_modes, "offline": cmd_offline, "structured": cmd_structured,
-            "speculative": cmd_speculative, "roofline": cmd_roofline}
+def run_module(name: str, argv: Sequence[str]) -> int:
+    """`inferq bench NAME`: the main(argv) of its module, imported now."""
+    try:
+        main = importlib.import_module(module_of(name)).main
+    except ImportError as e:
+        print(f"error: `inferq bench {name}` cannot import {module_of(name)} ({e}); the engine benchmarks "
+              f"need the worker extra (torch etc.)", file=sys.stderr)
+        return 1
+    return int(main(list(argv)) or 0)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
-        print(USAGE)
+        print(usage())
         return 0 if argv else 2
-    cmd = COMMANDS.get(argv[0])
-    if cmd is None:
-        print(f"inferq bench: unknown command {argv[0]!r}\n\n{USAGE}", file=sys.stderr)
+    name, rest = argv[0], argv[1:]
+    if name not in BENCHMARKS:
+        print(f"inferq bench: unknown command {name!r}\n\n{usage()}", file=sys.stderr)
         return 2
-    return cmd(argv[1:])
+    return cmd_serve(rest) if name == "serve" else run_module(name, rest)
 
 
 if __name__ == "__main__":

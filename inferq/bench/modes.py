@@ -30,6 +30,7 @@ from typing import Optional
 
 import torch
 
+from inferq.bench.metrics import percentile
 from inferq.bench.mixed_workload import TimedRequest, mixed_workload
 from inferq.bench.replay import Trace, replay
 
@@ -70,16 +71,6 @@ def configure(engine, spec: ModeSpec) -> None:
 
 
 # -- summaries ---------------------------------------------------------------
-def pct(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    s = sorted(values)
-    pos = (len(s) - 1) * q / 100.0
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
-
-
 def summarize_latency(trace: Trace) -> dict:
     reqs = list(trace.requests.values())
     ttfts = [r.ttft for r in reqs if r.ttft is not None]
@@ -91,10 +82,10 @@ def summarize_latency(trace: Trace) -> dict:
         "output_tokens": out_tokens,
         "throughput_tok_s": out_tokens / trace.wall_s,
         "mean_ttft_ms": 1000 * statistics.fmean(ttfts) if ttfts else float("nan"),
-        "median_ttft_ms": 1000 * pct(ttfts, 50),
-        "p99_ttft_ms": 1000 * pct(ttfts, 99),
-        "median_itl_ms": 1000 * pct(itls, 50),
-        "p99_itl_ms": 1000 * pct(itls, 99),
+        "median_ttft_ms": 1000 * percentile(ttfts, 50),
+        "p99_ttft_ms": 1000 * percentile(ttfts, 99),
+        "median_itl_ms": 1000 * percentile(itls, 50),
+        "p99_itl_ms": 1000 * percentile(itls, 99),
         "max_itl_ms": 1000 * max(itls) if itls else float("nan"),
         "mean_step_tokens": statistics.fmean(trace.step_tokens) if trace.step_tokens else 0.0,
         "max_step_tokens": max(trace.step_tokens, default=0),

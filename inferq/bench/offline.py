@@ -140,7 +140,7 @@ def parse_args(argv=None):
     p.add_argument("--model", default=None, help="HF folder or .gguf (default: bundled SmolLM2-135M-Instruct)")
     p.add_argument("--random-model", default=None, choices=sorted(SHAPES),
                    help="instead of --model: random weights in that real model's shape, written once "
-                        "(see gpuworker/bench/random_model.py) in the benchmark's dtype")
+                        "(see inferq.bench.random_model) in the benchmark's dtype")
     p.add_argument("--random-model-dir", default=None,
                    help="where random-weight folders are cached (default: ~/.cache/inferq/random-models)")
     p.add_argument("--random-model-seed", type=int, default=0)
@@ -189,7 +189,7 @@ def _longest(*workloads: Workload) -> int:
 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if "--step" in argv:  # the per-step host overhead benchmark (gpuworker/bench/step.py)
+    if "--step" in argv:  # the per-step host overhead benchmark (inferq.bench.step, also `inferq bench step`)
         from inferq.bench.step import main as step_main
 
         argv.remove("--step")

@@ -4,7 +4,7 @@ Two workloads, each at several batch sizes (requests are run in waves of that
 many at once, so "batch 8" means 8 sequences decode together):
 
 * copy-heavy: chat requests that rewrite, extract from, quote or summarise a
-  500-1,500 token document (gpuworker/bench/copy_documents.py);
+  500-1,500 token document (inferq.bench.copy_documents);
 * random: random prompt token ids (as ``inferq bench offline``), sampled at
   temperature 1 (greedy, this small model falls into loops that prompt lookup
   predicts): the output repeats next to nothing, so nearly every proposal fails

@@ -1,33 +1,24 @@
-"""scripts/trace_ttft.py against a real worker (tiny random Llama, private
+"""`inferq bench ttft-trace` against a real worker (tiny random Llama, private
 redis-server): every measured job has each point of its path, in causal order,
 and the reports run. Asserts presence and order, never durations; it also
 catches a renamed method the trace wraps (the worker would run untraced)."""
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
+from inferq.bench import ttft_trace
 from inferq.bench.cli import main as bench_main
 from tests.workers import WorkerProc
 
-ROOT = Path(__file__).resolve().parents[2]
 SERVED, WORKER_ID, N = "tiny-trace", "trace-1", 4
-
-
-def trace_module():
-    spec = importlib.util.spec_from_file_location("trace_ttft", ROOT / "scripts" / "trace_ttft.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 @pytest.mark.timeout(600)
 def test_trace_has_each_point_in_order(redis_url, tiny_model_folder, tmp_path, capsys):
     trace_path, result_path = tmp_path / "trace.json", tmp_path / "serve.json"
-    launcher = (str(ROOT / "scripts" / "trace_ttft.py"), "worker", "--trace-out", str(trace_path), "--")
+    launcher = ("-m", "inferq.bench.ttft_trace", "worker", "--trace-out", str(trace_path), "--")
     worker = WorkerProc(redis_url, tiny_model_folder, SERVED, tmp_path, WORKER_ID, "--device", "cpu",
                         launcher=launcher)
     try:
@@ -55,7 +46,6 @@ def test_trace_has_each_point_in_order(redis_url, tiny_model_folder, tmp_path, c
     firsts = [rid for s in steps for rid in s[5]]
     assert sorted(firsts) == sorted(k for k, v in trace["jobs"].items() if "created" in v)
 
-    mod = trace_module()
-    text = mod.report(trace, result)
+    text = ttft_trace.report(trace, result)
     assert f"{N} requests" in text and "TTFT (client)" in text and "steps with a prompt" in text
-    assert "TTFT median" in mod.client_steps(result)
+    assert "TTFT median" in ttft_trace.client_steps(result)

@@ -5,7 +5,7 @@ wrong field, and the consistency the deployment relies on.
   `kubernetes-validate` package, strict (unknown fields are errors, as under
   kubectl's default --validate=strict).
 - KEDA ScaledObject / TriggerAuthentication against JSON schemas generated from
-  KEDA's CRDs (tests/deploy/schemas, see scripts/keda_crd_schema.py), plus a
+  KEDA's CRDs (tests/deploy/schemas, see tests/deploy/keda_crd_schema.py), plus a
   per-trigger-type schema for trigger `metadata`, which KEDA's CRD leaves as a
   free map of strings.
 - The rendered kustomizations (`kubectl kustomize`, when kubectl is installed;
@@ -392,12 +392,9 @@ def test_docs_name_the_secret_the_manifests_use():
 
 
 def test_crd_to_schema_conversion_is_strict():
-    """scripts/keda_crd_schema.py: what makes the KEDA schemas above strict."""
-    import importlib.util
+    """tests/deploy/keda_crd_schema.py: what makes the KEDA schemas above strict."""
+    from tests.deploy import keda_crd_schema as mod
 
-    spec = importlib.util.spec_from_file_location("keda_crd_schema", ROOT / "scripts" / "keda_crd_schema.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
     crd = {
         "metadata": {"name": "things.example.com"},
         "spec": {"group": "example.com", "names": {"kind": "Thing"}, "versions": [{"name": "v1", "schema": {

@@ -1,24 +1,21 @@
 """One copy of the weights: an engine on the bundled model whose matmul weights are prepacked
 for the CPU holds no more memory than one that keeps them plain (prepacking replaces the plain
 tensors rather than adding a copy). Each engine is built in a fresh process and measured by its
-VmRSS (scripts/bench_weight_memory.py), so nothing another test loaded is counted."""
+VmRSS (`inferq bench weight-memory`), so nothing another test loaded is counted."""
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from inferq.gpuworker.attention import cpu_kernels
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_weight_memory.py"
-
 
 def _measure(*args: str) -> dict:
-    done = subprocess.run([sys.executable, str(SCRIPT), "--kv-mb", "32", *args], capture_output=True, text=True,
-                          timeout=600, cwd=SCRIPT.parents[1])
+    done = subprocess.run([sys.executable, "-m", "inferq.bench.weight_memory", "--kv-mb", "32", *args],
+                          capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 

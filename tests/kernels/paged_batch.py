@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tests.paging import block_table_tensor, slots
+from inferq.bench.paged_metadata import block_table_tensor, slots
 
 # |kernel - reference| <= atol + rtol * |reference|, the reference computing in
 # fp32 from the same rounded inputs. The half-precision bounds are about two

@@ -7,40 +7,8 @@ import random
 
 import torch
 
-from inferq.gpuworker.attention.base import AttentionBackend, AttentionMetadata
-from tests.paging import block_table_tensor, slots
-
-
-def build_metadata(
-    chunks: list[tuple[int, int]],  # per sequence: (context_len, query_len)
-    tables: list[list[int]],
-    block_size: int,
-    device: torch.device | str = "cpu",
-) -> tuple[AttentionMetadata, torch.Tensor]:
-    """Return (metadata, positions) for one step."""
-    slot_mapping, positions, qsl, seq_lens, ctx_lens = [], [], [0], [], []
-    for (ctx, q_len), table in zip(chunks, tables):
-        span = range(ctx, ctx + q_len)
-        slot_mapping += slots(table, span, block_size)
-        positions += span
-        qsl.append(qsl[-1] + q_len)
-        seq_lens.append(ctx + q_len)
-        ctx_lens.append(ctx)
-    bt = block_table_tensor(tables, max(len(t) for t in tables))
-    q_lens = [q for _, q in chunks]
-    meta = AttentionMetadata(
-        slot_mapping=torch.tensor(slot_mapping, dtype=torch.int64, device=device),
-        query_start_loc=torch.tensor(qsl, dtype=torch.int32, device=device),
-        seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
-        context_lens=torch.tensor(ctx_lens, dtype=torch.int32, device=device),
-        block_tables=bt.to(device),
-        max_query_len=max(q_lens),
-        max_seq_len=max(seq_lens),
-        block_size=block_size,
-        query_lens_cpu=q_lens,
-        seq_lens_cpu=seq_lens,
-    )
-    return meta, torch.tensor(positions, dtype=torch.int64, device=device)
+from inferq.bench.paged_metadata import build_metadata
+from inferq.gpuworker.attention.base import AttentionBackend
 
 
 class PagedDriver:

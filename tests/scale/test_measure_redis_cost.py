@@ -1,24 +1,21 @@
-"""scripts/measure_redis_cost.py, small: it runs end to end against a real
+"""`inferq bench redis-cost` (inferq.bench.redis_cost), small: it runs end to end against a real
 redis-server and a real worker, and its accounting adds up (events per job,
 the per-token command mix)."""
 import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.timeout(600)
 def test_measure_redis_cost_smoke(tmp_path):
     out = tmp_path / "cost.json"
     tokens = 8
-    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "measure_redis_cost.py"), "--jobs", "4",
+    r = subprocess.run([sys.executable, "-m", "inferq.bench.redis_cost", "--jobs", "4",
                         "--tokens", str(tokens), "--idle-s", "1", "--lease-held", "16", "--no-aof",
-                        "--json", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=540,
+                        "--json", str(out)], capture_output=True, text=True, timeout=540,
                        env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     d = json.loads(out.read_text())

@@ -1,14 +1,13 @@
-#!/usr/bin/env python3
 """Micro-benchmark of one layer's prefill attention on the CPU, per prefill route of
-gpuworker/attention/torch_backend.py: "torch" (baddbmm with an additive causal mask, SDPA past
+inferq.gpuworker.attention.torch_backend: "torch" (baddbmm with an additive causal mask, SDPA past
 its size limit), "rows" (the C paged-decode kernel, row j of a chunk seeing its context + j + 1
-keys) and "tiled" (inferq_kernels/cpu/paged_prefill.c: query tiles x key chunks, online softmax;
+keys) and "tiled" (inferq.kernels' cpu/paged_prefill.c: query tiles x key chunks, online softmax;
 in bf16 on an AMX CPU paged_prefill_amx.c, whose vector kernel "tiled-vector" still runs),
 plus "auto", the backend's own choice. SmolLM2-135M's heads by default (9 query, 3 kv, head
 size 64). Median of N calls per route, the routes alternating over 3 rounds (N: 20, fewer for
 slow cases, at least 3).
 
-    python scripts/bench_prefill_attention.py [--dtype float32|bfloat16] [--threads 1]
+    inferq bench prefill-attention [--dtype float32|bfloat16] [--threads 1]
         [--heads 9/3/64] [--cases 128+3x1,256,512,128@256] [--routes torch,rows,tiled,auto]
 
 A case is a prompt length; ``@C`` gives the prompt C cached tokens of context (a later
@@ -19,15 +18,13 @@ import argparse
 import statistics
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import torch  # noqa: E402
+import torch
 
-from inferq.gpuworker.attention import cpu_kernels  # noqa: E402
-from inferq.gpuworker.attention.base import AttentionMetadata  # noqa: E402
-from inferq.gpuworker.attention.torch_backend import TorchAttentionBackend  # noqa: E402
-from tests.models.paged import build_metadata  # noqa: E402  (the test suite's step builder)
+from inferq.bench.paged_metadata import build_metadata
+from inferq.gpuworker.attention import cpu_kernels
+from inferq.gpuworker.attention.base import AttentionMetadata
+from inferq.gpuworker.attention.torch_backend import TorchAttentionBackend
 
 BS = 16
 DEFAULT_CASES = ("128,256,512,1024,2048,128@512,256@512,512@512,1024@512,2048@512,"
@@ -56,14 +53,14 @@ def parse_case(text: str) -> list[tuple[int, int]]:
     return seqs
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="inferq bench prefill-attention", description=__doc__.splitlines()[0])
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--heads", default="9/3/64", help="query heads / kv heads / head size")
     ap.add_argument("--cases", default=DEFAULT_CASES)
     ap.add_argument("--routes", default="torch,rows,tiled,auto")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     hq, hk, d = (int(x) for x in args.heads.split("/"))
     dt = getattr(torch, args.dtype)

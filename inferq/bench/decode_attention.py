@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Micro-benchmark of decode attention on the CPU, as a decode step of the offline mix
 sees it: --seqs sequences of 60-380 cached tokens (seeded), one query row each,
 SmolLM2-135M's heads (9 query, 3 kv, head size 64), paged blocks of 16 at shuffled
@@ -7,32 +6,30 @@ memory as in the model (--layers 1: they stay in the caches). One torch thread; 
 median over --passes passes of the time per layer, through the backend (the C kernel where
 it builds, with the plan and the k/v writes; --torch: the gather + SDPA path).
 
-    python scripts/bench_decode_attention.py [--dtype float32|bfloat16] [--layers 30] [--passes 7] [--torch]
+    inferq bench decode-attention [--dtype float32|bfloat16] [--layers 30] [--passes 7] [--torch]
 """
 import argparse
 import random
 import statistics
 import sys
 import time
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import torch  # noqa: E402
-
-from inferq.gpuworker.attention.torch_backend import TorchAttentionBackend  # noqa: E402
-from tests.models.paged import build_metadata  # noqa: E402  (the test suite's step builder)
 
 BS, HQ, HK, D = 16, 9, 3, 64
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="inferq bench decode-attention", description=__doc__.splitlines()[0])
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--seqs", type=int, default=19)
     ap.add_argument("--layers", type=int, default=30)
     ap.add_argument("--passes", type=int, default=7, help="timed passes over the layers (the median is shown)")
     ap.add_argument("--torch", action="store_true", help="the gather + SDPA path instead of the C kernel")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    import torch
+
+    from inferq.bench.paged_metadata import build_metadata
+    from inferq.gpuworker.attention.torch_backend import TorchAttentionBackend
+
     torch.set_num_threads(1)
     dt = getattr(torch, args.dtype)
     rng = random.Random(0)

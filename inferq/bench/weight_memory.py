@@ -1,18 +1,14 @@
-#!/usr/bin/env python3
 """Memory of an ``LLM(...)`` engine on the bundled model: the process's VmRSS after the
 imports and after the engine is built (weights loaded and prepacked, KV cache allocated),
 beside one plain copy of the weights and the KV cache's bytes. Prints one JSON line.
 
-    python scripts/bench_weight_memory.py [--dtype float32|bfloat16] [--no-prepack] [--kv-mb 64]
+    inferq bench weight-memory [--dtype float32|bfloat16] [--no-prepack] [--kv-mb 64]
 """
 import argparse
 import gc
 import json
 import os
 import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def rss_bytes() -> int:
@@ -21,12 +17,12 @@ def rss_bytes() -> int:
     return proc_kib(os.getpid(), "VmRSS") * 1024
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="inferq bench weight-memory", description=__doc__.splitlines()[0])
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--no-prepack", action="store_true", help="keep the plain weights (prepack_weights=False)")
     ap.add_argument("--kv-mb", type=int, default=64, help="KV cache size (MB)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     import torch
 
     torch.set_num_threads(1)

@@ -1,11 +1,11 @@
 """Where a job's time to first token goes, measured in a running worker.
 
   # a worker with per-job and per-step timestamps (wall clock), written to TRACE on exit
-  python scripts/trace_ttft.py worker --trace-out TRACE.json -- --model FOLDER ... (worker flags)
+  inferq bench ttft-trace worker --trace-out TRACE.json -- --model FOLDER ... (worker flags)
   # then, after `inferq bench serve --backend redis --result-file RESULT.json` against it:
-  python scripts/trace_ttft.py report TRACE.json RESULT.json
+  inferq bench ttft-trace report TRACE.json RESULT.json
   # step durations as any client sees them (inferq or `vllm serve` result files):
-  python scripts/trace_ttft.py steps RESULT.json [RESULT.json ...]
+  inferq bench ttft-trace steps RESULT.json [RESULT.json ...]
 
 Measurement only: ``worker`` wraps a few methods of the worker's threads and the
 engine (no change to what they do) and runs the normal worker CLI. Per job it
@@ -28,8 +28,6 @@ import threading
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-
 
 # -- the traced worker ---------------------------------------------------------
 def _schedstat() -> tuple[float, float]:
@@ -44,7 +42,6 @@ def _schedstat() -> tuple[float, float]:
 
 def install(trace_out: str) -> None:
     """Wrap the points of a job's path; dump what they saw at exit."""
-    sys.path.insert(0, str(REPO))
     import inferq.gpuworker.engine.llm_engine as eng_mod
     import inferq.gpuworker.engine.scheduler as sched_mod
     import inferq.gpuworker.service.engine_loop as loop_mod
@@ -231,7 +228,7 @@ def client_steps(result: dict) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="inferq bench ttft-trace", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     w = sub.add_parser("worker", help="run a worker with the trace (worker flags after --)")
     w.add_argument("--trace-out", required=True)

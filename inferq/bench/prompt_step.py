@@ -1,14 +1,13 @@
-#!/usr/bin/env python3
 """Time the serving workload's prompt step on the real model: a fresh prompt of
 --prompt-len random tokens joins --running decodes, one step; then a decode step.
 Prints the medians over --steps such pairs (float32 by default, one torch thread).
 
-    python scripts/bench_prompt_step.py [--matmul-kernel-rows N] [--torch-prefill] [--profile]
+    inferq bench prompt-step [--matmul-kernel-rows N] [--torch-prefill] [--profile]
 
 --matmul-kernel-rows caps the rows our CPU matmul kernel takes (past it: MKL on the fp32
 panels, as on Intel past 64 rows; the bf16 kernel in chunks of that many rows); --torch-prefill keeps
 prompts on baddbmm instead of the C kernels; --prefill-path forces one route of
-gpuworker/attention/torch_backend.py (rows / tiled / torch);
+inferq.gpuworker.attention.torch_backend (rows / tiled / torch);
 INFERQ_CPU_KERNELS=0 turns every C kernel off. Alternate settings across runs: this
 machine's speed drifts by 5-15 % over minutes.
 """
@@ -16,14 +15,12 @@ import argparse
 import statistics
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import torch  # noqa: E402
+import torch
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="inferq bench prompt-step", description=__doc__.splitlines()[0])
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--running", type=int, default=3)
@@ -33,7 +30,7 @@ def main() -> int:
     ap.add_argument("--prefill-path", choices=["rows", "tiled", "torch"], default=None,
                     help="force the attention backend's prefill route (default: its own choice)")
     ap.add_argument("--profile", action="store_true", help="also print torch.profiler's table of one prompt step")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     torch.set_num_threads(1)
     from inferq.gpuworker import LLM
     from inferq.schemas import SamplingParams

@@ -1,26 +1,22 @@
-#!/usr/bin/env python3
 """llguidance vs xgrammar on our tokenizer (the bundled SmolLM2, 49,152 tokens):
 the numbers behind choosing llguidance (docs/structured-outputs.md).
 
   pip install xgrammar   # only for this comparison; inferq does not depend on it
-  python scripts/compare_grammar_libs.py
+  inferq bench grammar-libs [--steps 40]
 
 For each library: tokenizer setup once, then per schema of the tests' eleven
-(gpuworker/bench/structured_cases.py) the compile time and the median time to
+(inferq.bench.structured_cases) the compile time and the median time to
 fill one token mask along a greedy-like walk (the first allowed token each step),
 and the time to fill 32 masks of a batch at once. Medians over the schemas.
 """
 from __future__ import annotations
 
+import argparse
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 
 EOS = 2  # SmolLM2's <|im_end|>
 
@@ -102,7 +98,10 @@ def bench_xgrammar(tok, vocab, schemas, steps):
     return setup, compile_s, fill_s, batch
 
 
-def main() -> int:
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="inferq bench grammar-libs", description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=40, help="tokens walked per schema (mask fills timed)")
+    args = ap.parse_args(argv)
     from transformers import AutoTokenizer
 
     from inferq.bench.structured_cases import SCHEMAS
@@ -116,7 +115,7 @@ def main() -> int:
     print("| --- | ---: | ---: | ---: | ---: |")
     for name, fn in (("llguidance", bench_llguidance), ("xgrammar", bench_xgrammar)):
         try:
-            setup, comp, fill, batch = fn(tok, vocab, schemas, 40)
+            setup, comp, fill, batch = fn(tok, vocab, schemas, args.steps)
         except ImportError as e:
             print(f"| {name} | not installed ({e}) | | | |")
             continue

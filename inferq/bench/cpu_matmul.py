@@ -1,27 +1,24 @@
-#!/usr/bin/env python3
 """Micro-benchmark of decode-sized CPU matmuls: SmolLM2-135M's 30 layers of projections
 (qkv, o, gate_up, down, 30 distinct weights each so nothing stays cached) plus its LM
-head, one torch thread, through our kernels (gpuworker/models/cpu_linear.py), oneDNN's
+head, one torch thread, through our kernels (inferq.gpuworker.models.cpu_linear), oneDNN's
 prepacked weights (what vLLM runs on a CPU) and F.linear; in float32 also MKL reading our
 panels as a batch of matrices (what PackedWeight runs past the kernel's max_rows on Intel
 and AVX2). Then a tied embedding's lookup: F.embedding against rows gathered from the LM
 head's panels. Medians of 5 passes. --shapes llama-1b: Llama-3.2-1B's projections instead
 (4 layers of them, ~1 GB in fp32: past the L3 as 30 of SmolLM2's are).
 
-    python scripts/bench_cpu_matmul.py [--dtype bfloat16|float32] [--rows 1,8,32,64] [--no-lm-head | --embedding]
-                                       [--shapes smollm2|llama-1b]
+    inferq bench cpu-matmul [--dtype bfloat16|float32] [--rows 1,8,32,64] [--no-lm-head | --embedding]
+                            [--shapes smollm2|llama-1b]
 """
 import argparse
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
+import torch
+import torch.nn.functional as F
 
-from inferq.bench.offline import warm_median_s as median_s  # noqa: E402
-from inferq.gpuworker.engine import host_malloc  # noqa: E402
-from inferq.gpuworker.models import cpu_linear  # noqa: E402
+from inferq.bench.offline import warm_median_s as median_s
+from inferq.gpuworker.engine import host_malloc
+from inferq.gpuworker.models import cpu_linear
 
 SHAPES = {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down": (576, 1536), "lm_head": (49152, 576)}
 SHAPES_BY_MODEL = {  # (shapes, layers)
@@ -31,15 +28,15 @@ SHAPES_BY_MODEL = {  # (shapes, layers)
 }
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="inferq bench cpu-matmul", description=__doc__.splitlines()[0])
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     ap.add_argument("--rows", default="1,8,32,64")
     ap.add_argument("--no-lm-head", action="store_true", help="projections only (a prompt step's LM head "
                     "sees one row per sequence)")
     ap.add_argument("--embedding", action="store_true", help="only the embedding lookup, for --rows tokens")
     ap.add_argument("--shapes", default="smollm2", choices=sorted(SHAPES_BY_MODEL))
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     torch.set_num_threads(1)
     host_malloc.retain_freed_memory()  # as the engine does: outputs reuse freed pages, no page faults timed
     dt = getattr(torch, args.dtype)

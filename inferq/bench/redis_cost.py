@@ -1,13 +1,13 @@
 """Measure what inferq costs Redis: commands, bytes and redis-server CPU per job
 and per reply event, on this machine, with the real code paths.
 
-    .venv/bin/python scripts/measure_redis_cost.py                 # tiny model, ~1-2 min
-    .venv/bin/python scripts/measure_redis_cost.py --jobs 128 --tokens 128 --json out.json
+    inferq bench redis-cost                 # tiny model, ~1-2 min
+    inferq bench redis-cost --jobs 128 --tokens 128 --json out.json
 
 What runs: a private redis-server (>= 7 if one is found; AOF everysec and
 noeviction, as in production), one real worker process (`python -m
 inferq.gpuworker.service`, default settings for leases and heartbeats) on a tiny random
-model (tests/tiny_models.py; the model's size does not change the Redis traffic
+model (inferq.bench.step.make_tiny_model; the model's size does not change the Redis traffic
 per token), and real producers: `Producer.submit` (the admission Lua script)
 and one `JobHandle.result()` follower per job, reading its reply stream with
 XREAD BLOCK while the job runs, as a streaming client does.
@@ -34,7 +34,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -42,21 +41,13 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+import redis
 
-import redis  # noqa: E402
-
-from inferq.schemas import keys  # noqa: E402
+from inferq.ports import free_port
+from inferq.schemas import keys
 
 MODEL = "cost-probe"
 IGNORE = {"info", "config|resetstat", "config", "ping", "client|setinfo", "client|setname", "hello"}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def version(binary: str) -> tuple:
@@ -163,7 +154,7 @@ def lease_round(url: str, held: int, rounds: int) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="inferq bench redis-cost", description=__doc__.splitlines()[0])
     ap.add_argument("--jobs", type=int, default=64, help="jobs per phase (also the worker's --max-num-seqs)")
     ap.add_argument("--tokens", type=int, default=64, help="max_tokens of the long phase")
     ap.add_argument("--idle-s", type=float, default=20.0, help="length of the idle phase")
@@ -193,16 +184,15 @@ def main(argv=None) -> int:
         if a.model:
             model = a.model
         else:
-            from tests.tiny_models import save_tiny_model
+            from inferq.bench.step import make_tiny_model
 
-            model = str(save_tiny_model("llama", tmp / "tiny"))
-        env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"), PYTHONPATH=str(REPO),
-                   TOKENIZERS_PARALLELISM="false")
+            model = str(make_tiny_model(tmp / "tiny"))
+        env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"), TOKENIZERS_PARALLELISM="false")
         log = open(tmp / "worker.log", "wb")
         worker = subprocess.Popen([sys.executable, "-m", "inferq.gpuworker.service", "--redis-url", url, "--model", model,
                                    "--served-model-name", MODEL, "--worker-id", "cost-1",
                                    "--max-num-seqs", str(a.jobs), "--num-kv-blocks", str(max(512, a.jobs * 16)),
-                                   "--log-level", "warning"], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+                                   "--log-level", "warning"], env=env, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.time() + 300
         while r.zscore(keys.workers(MODEL), "cost-1") is None:
             if worker.poll() is not None or time.time() > deadline:

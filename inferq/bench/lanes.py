@@ -3,8 +3,8 @@ prefix affinity. Each part starts its own worker processes (``python -m
 inferq.gpuworker.service``, bundled SmolLM2-135M-Instruct unless ``--model``) on a
 private redis-server and drives them through the producer SDK.
 
-    python scripts/bench_lanes.py --part all --json docs/bench/lanes.json
-    python scripts/bench_lanes.py --part priority          # or fairness | affinity
+    inferq bench lanes --part all --json docs/bench/lanes.json
+    inferq bench lanes --part priority          # or fairness | affinity
 
 Parts (every time is a median; read ratios, not seconds, on a shared machine):
 
@@ -40,7 +40,6 @@ import os
 import platform
 import random
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -51,27 +50,20 @@ import urllib.request
 from pathlib import Path
 from typing import Optional
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+import redis
 
-import redis  # noqa: E402
-
-from inferq.producer import Producer  # noqa: E402
-from inferq.producer.queue_stats import lane_stats  # noqa: E402
-from inferq.schemas import keys  # noqa: E402
-from inferq.schemas.queues import Lane, lanes_of  # noqa: E402
+import inferq
+from inferq.ports import free_port
+from inferq.producer import Producer
+from inferq.producer.queue_stats import lane_stats
+from inferq.schemas import keys
+from inferq.schemas.queues import Lane, lanes_of
 
 VOCAB_LO, VOCAB_HI = 200, 49000  # SmolLM2 vocabulary is 49152; stay clear of special ids
 GREEDY = {"temperature": 0.0, "ignore_eos": True}
 
 
 # -- helpers -------------------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def med(xs) -> Optional[float]:
     xs = [x for x in xs if x is not None]
     return statistics.median(xs) if xs else None
@@ -164,10 +156,9 @@ class WorkerProc:
         if args.model:
             cmd += ["--model", args.model]
         threads = str(args.worker_threads)
-        env = dict(os.environ, OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads, TOKENIZERS_PARALLELISM="false",
-                   PYTHONPATH=str(REPO))
+        env = dict(os.environ, OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads, TOKENIZERS_PARALLELISM="false")
         self._log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=self._log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(cmd, env=env, stdout=self._log, stderr=subprocess.STDOUT)
 
     def wait_ready(self, timeout: float = 300) -> "WorkerProc":
         r = redis.Redis.from_url(self.redis_url)
@@ -587,13 +578,17 @@ def report_affinity(res: dict) -> str:
 
 
 def code_revision() -> str:
-    """The commit under test: BENCH_CODE_REV (e.g. for a ``git archive`` export), else git's HEAD (+dirty)."""
+    """The commit under test: BENCH_CODE_REV (e.g. for a ``git archive`` export), else git's HEAD (+dirty)
+    of the checkout inferq is imported from (an installed wheel has none: "unknown")."""
     if os.environ.get("BENCH_CODE_REV"):
         return os.environ["BENCH_CODE_REV"]
+    checkout = Path(inferq.__file__).resolve().parents[1]
+    if not (checkout / ".git").exists():
+        return "unknown"
     try:
-        rev = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+        rev = subprocess.run(["git", "-C", str(checkout), "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                              timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"],
+        dirty = subprocess.run(["git", "-C", str(checkout), "status", "--porcelain", "--untracked-files=no"],
                                capture_output=True, text=True, timeout=10).stdout.strip()
         return (rev + ("+dirty" if dirty else "")) if rev else "unknown"
     except (OSError, subprocess.SubprocessError):
@@ -606,7 +601,8 @@ PARTS = {"priority": (part_priority, report_priority), "fairness": (part_fairnes
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(prog="inferq bench lanes", description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--part", choices=["priority", "fairness", "affinity", "all"], default="all")
     ap.add_argument("--json", help="write the results (every job's timings too) here")
     ap.add_argument("--report", metavar="JSON", help="only print the tables of an earlier --json file")
@@ -651,7 +647,7 @@ def main(argv=None) -> int:
     log_dir = Path(tempfile.mkdtemp(prefix="inferq-bench-lanes-logs-"))
     rs = RedisServer()
     say(f"redis-server on {rs.url}; worker logs in {log_dir}")
-    results: dict = {"command": "python scripts/bench_lanes.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+    results: dict = {"command": "inferq bench lanes " + " ".join(argv if argv is not None else sys.argv[1:]),
                      "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "dtype": args.dtype,
                      "worker_threads": args.worker_threads, "model": args.model or "bundled SmolLM2-135M-Instruct",
                      "code": code_revision(),
