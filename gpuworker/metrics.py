@@ -73,6 +73,10 @@ class WorkerMetrics:
         self._errors = Counter("inferq:job_errors", "Jobs rejected or failed, by error code.",
                                L + ["code"], registry=reg)
         self.redeliveries = c("inferq:job_redeliveries", "Jobs started again after an earlier attempt.")
+        self.redeliveries_continued = c("inferq:job_redeliveries_continued",
+                                        "Redelivered jobs that continued from their published tokens (migration).")
+        self.continued_tokens = c("inferq:continued_tokens",
+                                  "Tokens redelivered jobs kept from earlier attempts instead of regenerating.")
         self.reclaimed = c("inferq:jobs_reclaimed", "Entries claimed from idle (dead) workers.")
         self._refused = Counter("inferq:fenced_refusals", "State changes Redis refused because this worker no "
                                 "longer owned the job (lease lost): never published.", L + ["op"], registry=reg)
@@ -107,6 +111,12 @@ class WorkerMetrics:
 
     def finished(self, reason: str) -> None:
         self._finished.labels(self.model_name, reason).inc()
+
+    def continued(self, tokens: int) -> None:
+        """A redelivered job's plan: ``tokens`` kept from earlier attempts (0: it regenerates)."""
+        if tokens:
+            self.redeliveries_continued.inc()
+            self.continued_tokens.inc(tokens)
 
     def refused(self, op: str) -> None:
         self._refused.labels(self.model_name, op).inc()

@@ -3,6 +3,7 @@ the job enqueued in one atomic Redis step (see admission.lua)."""
 from __future__ import annotations
 
 import logging
+import secrets
 from dataclasses import dataclass
 from importlib import resources
 from typing import Optional
@@ -48,6 +49,16 @@ def lane_for(job: Job, s: ProducerSettings, owner: str = "") -> Lane:
     fair share on) its tenant's own lane, and the worker its session prefers."""
     tenant = job.tenant if (s.fair_share and job.tenant) else ""
     return lane_of(job.model, job.id, job.priority_class, tenant, owner)
+
+
+def seeded(job: Job) -> Job:
+    """A sampled job carries a seed from admission on (drawn here when the client
+    gave none): every attempt of it draws the same tokens, so a redelivered job
+    continues or regenerates exactly what its stream already showed."""
+    s = job.sampling
+    if s.seed is not None or s.greedy:
+        return job
+    return job.model_copy(update={"sampling": s.model_copy(update={"seed": secrets.randbits(63)})})
 
 
 def aligned(job: Job, idempotency_key: Optional[str]) -> Job:
@@ -97,7 +108,7 @@ def _counted(fields: dict) -> list:
 def script_args(job: Job, idempotency_key: Optional[str], s: ProducerSettings, lane: Lane,
                 reset: bool = False) -> list:
     queued = encode_event(QueuedEvent(attempt=0, seq=0, model=job.model))
-    info = records.info_queued(job.model, job.tenant, job.created_at, job.deadline)
+    info = records.info_queued(job.model, job.tenant, job.created_at, job.deadline, job.sampling.seed)
     # Each partition keeps its own bucket (one slot per script), with its share of the rate.
     n = keys.partitions()
     rate = s.rate_limit / n if job.tenant else 0.0
@@ -236,7 +247,7 @@ def admit(r, script, job: Job, idempotency_key: Optional[str], s: ProducerSettin
     """Admission as every producer runs it (sync): the script, then for a
     duplicate the earlier job's real status. A key that outlived its job's
     records (they expired) is forgotten and the job admitted anew."""
-    job = affinity.with_session(aligned(job, idempotency_key), s)
+    job = affinity.with_session(aligned(seeded(job), idempotency_key), s)
     for _ in range(2):
         try:
             adm = _run_script(r, script, job, idempotency_key, s, reset)
@@ -254,7 +265,7 @@ def admit(r, script, job: Job, idempotency_key: Optional[str], s: ProducerSettin
 
 async def aadmit(r, script, job: Job, idempotency_key: Optional[str], s: ProducerSettings) -> Admitted:
     """Async twin of ``admit`` (redis.asyncio client and script)."""
-    job = affinity.with_session(aligned(job, idempotency_key), s)
+    job = affinity.with_session(aligned(seeded(job), idempotency_key), s)
     for _ in range(2):
         try:
             adm = await _arun_script(r, script, job, idempotency_key, s)

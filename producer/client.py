@@ -131,8 +131,9 @@ class ResultBuilder:
 
 class TextFollower:
     """Text pieces for a reader that cannot take text back, over the same fold.
-    A redelivered job (new attempt) is followed silently while it reproduces
-    what was already shown (greedy or seeded jobs do); if it diverges,
+    A redelivered job (new attempt) continues from the tokens already published
+    (its ``restarted`` event says where), or regenerates; either is followed
+    silently while it agrees with what was already shown; if it diverges,
     JobRestarted is raised."""
 
     def __init__(self, job_id: str, on_restart: str = "follow") -> None:
@@ -144,7 +145,8 @@ class TextFollower:
         self.shown = ""
 
     def feed(self, ev) -> Optional[str]:
-        starts_over = ev.attempt > self.fold.attempt or ev.type == "restarted"
+        continues = ev.type == "restarted" and ev.resume is not None  # request migration keeps the text
+        starts_over = (ev.attempt > self.fold.attempt or ev.type == "restarted") and not continues
         if starts_over and self.shown and self.on_restart == "raise":
             raise JobRestarted(self.job_id, ev.attempt, self.shown)
         self.fold.feed(ev)

@@ -2,7 +2,8 @@
 
 Each entry carries ``type``, ``attempt`` (delivery attempt that produced it) and
 ``seq`` (position within that attempt). A client that sees ``restarted`` drops
-what it collected for earlier attempts.
+what it collected for earlier attempts, except what its ``resume`` points keep: a
+continued attempt carries on from the tokens already published (request migration).
 """
 from __future__ import annotations
 
@@ -49,9 +50,25 @@ class DeltaEvent(_Event):
     finish_reason: Optional[str] = None
 
 
+class ResumePoint(BaseModel):
+    """How much of one choice a continued attempt keeps from the attempt before it:
+    its first ``tokens`` token ids and ``chars`` characters of text. A choice that
+    had already ended keeps its ``finish_reason``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    index: int = Field(0, ge=0)
+    tokens: int = Field(ge=0)
+    chars: int = Field(ge=0)
+    finish_reason: Optional[str] = None
+
+
 class RestartedEvent(_Event):
     type: Literal["restarted"] = "restarted"
     reason: str = ""
+    # None: the attempt starts over. A list: it continues each listed choice from its
+    # point (choices not listed start empty); its deltas extend that text.
+    resume: Optional[list[ResumePoint]] = None
 
 
 class Usage(BaseModel):

@@ -5,7 +5,13 @@ attempt (or its ``restarted`` event) raises the accepted attempt, and events of
 lower attempts or repeated ``(attempt, seq)`` pairs are dropped. ``Assembly``
 folds accepted events into the job's output, starting over on each new attempt;
 for readers that already showed text (an OpenAI stream cannot take text back)
-``feed`` returns only what goes beyond what was shown. No I/O here.
+``feed`` returns only what goes beyond what was shown. A ``restarted`` event
+with ``resume`` points continues the attempt before it (request migration): each
+choice keeps its first tokens and characters, and the new deltas extend them.
+
+A reader that cannot take text back (``Assembly(check_shown=True)``) also checks
+that a new attempt's text agrees with what it already showed, and raises
+``ReplyDiverged`` otherwise: a client never receives two generations spliced. No I/O here.
 """
 from __future__ import annotations
 
@@ -52,6 +58,17 @@ class ReplyFilter:
             raise ReplyGap(ev.attempt, self.last_seq + 1, ev.seq)
         self.last_seq = ev.seq
         return True
+
+
+class ReplyDiverged(Exception):
+    """A new attempt's text contradicts text a reader already showed (the attempt
+    regenerated differently): continuing would splice two generations."""
+
+    def __init__(self, attempt: int, index: int, at: int):
+        self.attempt, self.index, self.at = attempt, index, at
+        super().__init__(f"attempt {attempt} of the job generated text that differs, at character {at} of choice "
+                         f"{index}, from what this stream already showed; the stream ends here rather than "
+                         "splice two generations")
 
 
 def is_final(ev) -> bool:
@@ -104,16 +121,23 @@ class Assembly:
     shown_tokens: int = 0
     # Choices 1..n-1 of a several-choice job (n > 1), by index.
     others: dict[int, Choice] = field(default_factory=dict)
+    # Readers that cannot take text back: the text each choice showed, and the choices
+    # whose new attempt has not yet been checked against it.
+    check_shown: bool = False
+    _shown_text: dict[int, str] = field(default_factory=dict, repr=False)
+    _unchecked: set[int] = field(default_factory=set, repr=False)
     _filter: ReplyFilter = field(default_factory=ReplyFilter, repr=False)
 
     def feed(self, event) -> Optional[Piece]:
         if not self._filter.accept(event):
             return None  # a repeat, or a late write from a superseded attempt
-        if event.attempt > self.attempt:
-            self._restart(event.attempt)
         kind = event.type
+        if kind == "restarted" and event.resume is not None:
+            self._resume(event.attempt, event.resume)
+        elif event.attempt > self.attempt or kind == "restarted":
+            self._restart(event.attempt, force=kind == "restarted")
         if kind == "restarted":
-            self._restart(event.attempt, force=True)
+            pass
         elif kind == "started":
             self.worker = event.worker
         elif kind == "delta" and event.index:
@@ -152,6 +176,44 @@ class Assembly:
         self.others = {i: Choice(i, shown_chars=c.shown_chars, shown_tokens=c.shown_tokens)
                        for i, c in self.others.items()}
         self.prompt_token_ids = self.prompt_logprobs = None
+        self._unchecked = set(self._shown_text)
+
+    def _resume(self, attempt: int, points) -> None:
+        """The new attempt continues the old one: keep each listed choice's first
+        tokens and characters (choices not listed start empty), and its prompt data."""
+        self.restarts += 1
+        self.attempt = attempt
+        keep = {p.index: p for p in points}
+        p = keep.get(0)
+        if p is None:
+            self.text, self.token_ids, self.logprobs, self.has_logprobs = "", [], [], False
+        else:
+            self.text, self.token_ids, self.logprobs = self.text[:p.chars], self.token_ids[:p.tokens], self.logprobs[:p.tokens]
+        others = {}
+        for i, c in self.others.items():
+            q = keep.get(i)
+            kept = Choice(i, shown_chars=c.shown_chars, shown_tokens=c.shown_tokens)
+            if q is not None:
+                kept.text, kept.token_ids, kept.logprobs = c.text[:q.chars], c.token_ids[:q.tokens], c.logprobs[:q.tokens]
+                kept.finish_reason = q.finish_reason
+            others[i] = kept
+        self.others = others
+        self._unchecked = set(self._shown_text)
+
+    def _check(self, index: int, text: str) -> None:
+        """After a new attempt: its text must agree with what this reader showed."""
+        shown = self._shown_text.get(index, "")
+        n = min(len(text), len(shown))
+        if text[:n] != shown[:n]:
+            at = next(k for k in range(n) if text[k] != shown[k])
+            raise ReplyDiverged(self.attempt, index, at)
+        if len(text) >= len(shown):
+            self._unchecked.discard(index)
+
+    def _showing(self, piece: "Piece") -> "Piece":
+        if self.check_shown and piece.text:
+            self._shown_text[piece.index] = self._shown_text.get(piece.index, "") + piece.text
+        return piece
 
     @property
     def n_choices(self) -> int:
@@ -170,14 +232,18 @@ class Assembly:
             c.logprobs += event.logprobs
         if event.finish_reason is not None:
             c.finish_reason = event.finish_reason
+        if c.index in self._unchecked:
+            self._check(c.index, c.text)
         if len(c.text) <= c.shown_chars and len(c.token_ids) <= c.shown_tokens:
             return None
         piece = Piece(text=c.text[c.shown_chars:], token_ids=c.token_ids[c.shown_tokens:],
                       logprobs=c.logprobs[c.shown_tokens:] if c.logprobs else None, index=c.index)
         c.shown_chars, c.shown_tokens = max(c.shown_chars, len(c.text)), max(c.shown_tokens, len(c.token_ids))
-        return piece
+        return self._showing(piece)
 
     def _unshown(self) -> Optional[Piece]:
+        if 0 in self._unchecked:
+            self._check(0, self.text)
         if len(self.text) <= self.shown_chars and len(self.token_ids) <= self.shown_tokens:
             return None
         piece = Piece(
@@ -187,4 +253,4 @@ class Assembly:
         )
         self.shown_chars = max(self.shown_chars, len(self.text))
         self.shown_tokens = max(self.shown_tokens, len(self.token_ids))
-        return piece
+        return self._showing(piece)

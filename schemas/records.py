@@ -27,9 +27,11 @@ _INT_FIELDS = ("attempt", "prompt_tokens", "completion_tokens")
 _TIME_FIELDS = ("created_at", "started_at", "finished_at", "deadline")
 
 
-def info_queued(model: str, tenant: Optional[str], created_at: float, deadline: Optional[float]) -> dict[str, str]:
+def info_queued(model: str, tenant: Optional[str], created_at: float, deadline: Optional[float],
+                seed: Optional[int] = None) -> dict[str, str]:
     return {STATUS: QUEUED, "model": model, "tenant": tenant or "", ATTEMPT: "0",
-            "created_at": repr(created_at), "deadline": "" if deadline is None else repr(deadline)}
+            "created_at": repr(created_at), "deadline": "" if deadline is None else repr(deadline),
+            "seed": "" if seed is None else str(seed)}
 
 
 def info_running(worker: str, attempt: int, started_at: float, model: str, tenant: Optional[str]) -> dict[str, Any]:
@@ -57,6 +59,8 @@ def parse_info(raw: dict) -> dict[str, Any]:
             out[k] = float(v) if v else None
         elif k == "tenant":
             out[k] = v or None
+        elif k == "seed":  # the sampling seed fixed at admission (None for greedy jobs)
+            out[k] = int(v) if v else None
         else:
             out[k] = v
     return out

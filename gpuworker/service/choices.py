@@ -75,6 +75,16 @@ class ChoiceGroup:
     def of(cls, job_id: str, params: SamplingParams) -> "ChoiceGroup":
         return cls(job_id, params.n, params.num_sequences, params.logprobs is not None)
 
+    def keep_ended(self, continued: dict) -> bool:
+        """Choices an earlier attempt already ended (request migration) stay ended:
+        they are not run again. True when choice 0 is among them."""
+        for i, c in continued.items():
+            if c.finish_reason is not None:
+                self.ends[i] = ChoiceEnd(i, c.finish_reason, len(c.token_ids))
+                if i in self.waiting:
+                    self.waiting.remove(i)
+        return 0 in self.ends
+
     def index_of(self, request_id: str) -> int:
         if request_id == self.job_id:
             return 0

@@ -156,15 +156,21 @@ class EngineLoop(threading.Thread):
             self._abort_group(st.id)
         g = ChoiceGroup.of(st.id, st.job.sampling)
         self._in_engine[st.id] = g
+        if st.continued and g.keep_ended(st.continued):
+            # Choice 0 had already ended (migration): the others need not wait for its prompt.
+            waiting, g.waiting = g.waiting, []
+            return all(self._add_choice(st, g, i) for i in waiting)
         return self._add_choice(st, g, 0)
 
     def _add_choice(self, st: JobState, g: ChoiceGroup, index: int) -> bool:
         job = st.job
         rid = choice_request_id(st.id, index)
+        cont = (st.continued or {}).get(index)
         try:
             self.engine.add_request(rid, st.prompt_ids, choice_params(job.sampling, index),
                                     priority=engine_priority(job), deadline=job.deadline, arrival_time=st.created,
-                                    matcher=None if st.matcher is None else st.matcher.deep_copy())
+                                    matcher=None if st.matcher is None else st.matcher.deep_copy(),
+                                    continue_token_ids=() if cont is None else cont.token_ids)
         except ValueError as e:
             self._abort_group(st.id)
             self.out.put(Rejected(st, "invalid_request", str(e)))

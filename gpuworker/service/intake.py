@@ -27,7 +27,7 @@ from inferq.schemas.queues import Lane
 from inferq.schemas.redis_errors import REFUSING_WRITES, UNAVAILABLE
 
 from inferq.gpuworker.engine.grammar import GrammarError
-from inferq.gpuworker.service import replies
+from inferq.gpuworker.service import migration, replies
 from inferq.gpuworker.service.batch import Batch, retrying
 from inferq.gpuworker.service.context import WorkerContext
 from inferq.gpuworker.service.lanes import LaneReader
@@ -290,12 +290,26 @@ class Intake(threading.Thread):
             else:
                 st.log.info("job_started", prompt_tokens=len(st.prompt_ids), reclaimed=attempt > 1)
         b.send(self.r, give_up=self._give_up, log=self.log)
+        for st in ready:
+            if st.attempt > 1:
+                self._plan_continuation(st)
         if ready:
             # Queued to the publisher before the engine can produce a delta for them.
             self.to_publisher.put(Started(ready))
         for st in ready:
             self.inflight.add(st)
             self.to_engine.put(AddJob(st))
+
+    def _plan_continuation(self, st: JobState) -> None:
+        """A redelivered job continues from what its reply stream already holds
+        (service/migration.py), when that can be continued exactly."""
+        entries = retrying(lambda: self.r.xrange(st.reply_key), give_up=self._give_up, log=self.log,
+                           what="xrange_reply")
+        p = self.prompts
+        st.continued = migration.plan(st, entries or [], p.tok, p.vocab_size, p.max_model_len, p.eos_token_ids)
+        kept = 0 if st.continued is None else sum(len(c.token_ids) for c in st.continued.values())
+        self.metrics.continued(kept)
+        st.log.info("job_continues" if kept else "job_regenerates", continued_tokens=kept)
 
     def _reject(self, b: Batch, lane: Lane, entry_id: str, raw, job_id: Optional[str], attempt: int, code: str, message: str,
                 *, claimed: bool = True) -> None:

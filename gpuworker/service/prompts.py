@@ -24,12 +24,13 @@ class PromptError(ValueError):
 
 
 class PromptBuilder:
-    def __init__(self, tokenizer, max_model_len: int, vocab_size: int):
+    def __init__(self, tokenizer, max_model_len: int, vocab_size: int, eos_token_ids: tuple[int, ...] = ()):
         # The intake thread owns this tokenizer; the engine thread detokenizes
         # with its own (HF fast tokenizers are not safe to share across threads).
         self.tok = tokenizer
         self.max_model_len = max_model_len
         self.vocab_size = vocab_size
+        self.eos_token_ids = tuple(eos_token_ids)
 
     def token_ids(self, job: Job) -> list[int]:
         if job.prompt_token_ids is not None:

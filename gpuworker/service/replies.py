@@ -14,6 +14,7 @@ from inferq.schemas.queues import Lane
 
 from inferq.gpuworker.service.batch import Batch
 from inferq.gpuworker.service.context import WorkerContext
+from inferq.gpuworker.service.migration import resume_points
 from inferq.gpuworker.service.state import JobState
 
 
@@ -46,7 +47,8 @@ def add_delta(b: Batch, ctx: WorkerContext, st: JobState, text: str, token_ids: 
 def start(b: Batch, ctx: WorkerContext, st: JobState) -> int:
     events = []
     if st.attempt > 1:
-        events.append(encode_event(RestartedEvent(attempt=st.attempt, seq=st.next_seq(), reason="redelivered")))
+        events.append(encode_event(RestartedEvent(attempt=st.attempt, seq=st.next_seq(), reason="redelivered",
+                                                  resume=resume_points(st))))
     events.append(encode_event(StartedEvent(attempt=st.attempt, seq=st.next_seq(), worker=ctx.consumer)))
     fields = records.info_running(ctx.consumer, st.attempt, st.received_at, st.job.model, st.job.tenant)
     if st.job.session_id:  # prefix affinity: the session's next jobs prefer this worker (a hint)

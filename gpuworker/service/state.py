@@ -58,6 +58,9 @@ class JobState:
     # Structured outputs: the job's compiled matcher in its start state (the engine
     # gets a copy on every add, so a restart after an engine fault starts clean).
     matcher: Any = None
+    # Request migration (service/migration.py): per choice index, the output earlier
+    # attempts published that this attempt continues from; None: it starts over.
+    continued: Optional[dict] = None
 
     def __post_init__(self) -> None:
         if self.lane is None:

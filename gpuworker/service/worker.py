@@ -118,7 +118,8 @@ class Worker:
         self.inflight = InFlight(self.s.max_num_seqs)
         self.to_engine: queue.Queue = queue.Queue()
         self.to_publisher: queue.Queue = queue.Queue()
-        prompts = PromptBuilder(copy.deepcopy(eng.tokenizer), eng.max_model_len, eng.model_config.vocab_size)
+        prompts = PromptBuilder(copy.deepcopy(eng.tokenizer), eng.max_model_len, eng.model_config.vocab_size,
+                                eng.eos_token_ids)
         grammar = GrammarCompiler(copy.deepcopy(eng.tokenizer), eng.model_config.vocab_size, eng.eos_token_ids,
                                   cache_size=self.s.grammar_cache_size, on_compile=self.metrics.grammar_compiled,
                                   compile_delay_s=self.s.test_grammar_compile_delay_s)

@@ -76,6 +76,12 @@ def job_expired_error(e: Exception) -> APIError:
     return APIError(410, str(e), code="job_expired")
 
 
+def reply_diverged_error(e: Exception) -> APIError:
+    # A redelivered job regenerated text that differs from what this stream sent:
+    # the stream ends here, never a splice of two generations.
+    return APIError(502, str(e), code="reply_diverged")
+
+
 def reply_gap_error(e: Exception) -> APIError:
     # The job's output was lost in Redis (trimmed or not persisted): an upstream
     # failure, never silently short text.

@@ -34,6 +34,10 @@ class GatewayMetrics:
         self.jobs_submitted = Counter("inferq_gateway_jobs_submitted_total", "Jobs admitted", ["route"], registry=r)
         self.rejected = Counter("inferq_gateway_rejected_total", "Jobs refused at admission", ["reason"],
                                 registry=r)
+        self.stream_divergences = Counter(
+            "inferq_gateway_stream_divergences_total",
+            "OpenAI streams ended because a redelivered job's new attempt contradicted text already sent",
+            registry=r)
         self.cancelled_on_disconnect = Counter("inferq_gateway_cancelled_total",
                                                "Jobs cancelled because their client went away", registry=r)
         self.queue_depth = Gauge("inferq_queue_depth", "Jobs on the stream (waiting + in flight)", ["model"],

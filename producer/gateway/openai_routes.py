@@ -9,12 +9,12 @@ from fastapi.responses import StreamingResponse
 
 from inferq.producer.gateway import openai_format as fmt
 from inferq.producer.gateway import sse
-from inferq.schemas.fold import Assembly, ReplyGap
+from inferq.schemas.fold import Assembly, ReplyDiverged, ReplyGap
 from inferq.schemas.redis_errors import UNAVAILABLE
 from inferq.producer.gateway.auth import authenticate
 from inferq.producer.gateway.config import Principal, allowed_models
 from inferq.producer.errors import JobNotFound
-from inferq.producer.gateway.errors import APIError, job_expired_error, reply_gap_error
+from inferq.producer.gateway.errors import APIError, job_expired_error, reply_diverged_error, reply_gap_error
 from inferq.producer.gateway.openai_jobs import prepare_chat, prepare_completion
 from inferq.producer.gateway.openai_schemas import ChatCompletionRequest, CompletionRequest
 from inferq.producer.gateway.openai_tools import ToolDeltas
@@ -78,7 +78,7 @@ async def _stream(ctx: Context, kind: str, job_id: str, model: str, include_usag
     the choices' chunks are interleaved as they come, each naming its ``index``. If the
     client disconnects, Starlette cancels this generator and the ``finally`` cancels the job."""
     created = int(time.time())
-    asm = Assembly()
+    asm = Assembly(check_shown=True)  # an SSE stream cannot take text back
     started = time.monotonic()
     first_token_at: Optional[float] = None
     last_sent = time.monotonic()
@@ -117,6 +117,10 @@ async def _stream(ctx: Context, kind: str, job_id: str, model: str, include_usag
                 break
             except ReplyGap as e:
                 failure = reply_gap_error(e)
+                break
+            except ReplyDiverged as e:
+                ctx.metrics.stream_divergences.inc()
+                failure = reply_diverged_error(e)
                 break
             except JobNotFound as e:
                 failure = job_expired_error(e)

@@ -9,7 +9,7 @@ import httpx
 import pytest
 import redis
 
-from inferq.schemas import DeltaEvent, DoneEvent, StartedEvent, encode_event, keys
+from inferq.schemas import DeltaEvent, DoneEvent, RestartedEvent, StartedEvent, encode_event, keys
 from tests.gateway.stack import running_gateway
 from tests.gateway.test_jobs_api import parse_sse
 
@@ -59,3 +59,29 @@ def test_a_last_event_id_after_the_stream_is_400(redis_url, r):
     with running_gateway(redis_url) as url:
         resp = httpx.get(f"{url}/v1/jobs/{job}/events", headers={"Last-Event-ID": "99999999999999-0"}, timeout=10)
     assert resp.status_code == 400 and "after this job's last event" in resp.json()["error"]["message"]
+
+
+def test_an_openai_stream_never_splices_a_diverging_attempt(redis_url, r):
+    """A redelivered job whose new attempt regenerates different text: the OpenAI
+    stream ends with a `reply_diverged` error chunk (and the metric counts it)
+    instead of sending the new attempt's text after the old one's."""
+    import json
+    import time
+
+    r.zadd(keys.workers("m"), {"a-worker": time.time()})  # a live worker's heartbeat: the job is admitted
+    with running_gateway(redis_url, models="m") as url:
+        with httpx.stream("POST", f"{url}/v1/completions", timeout=60,
+                          json={"model": "m", "prompt": "Once", "max_tokens": 8, "stream": True}) as resp:
+            job = resp.headers["x-inferq-job-id"]
+            for ev in (StartedEvent(attempt=1, seq=0), DeltaEvent(attempt=1, seq=1, text=" upon a", token_ids=[1, 2]),
+                       RestartedEvent(attempt=2, seq=0, reason="redelivered"), StartedEvent(attempt=2, seq=1),
+                       DeltaEvent(attempt=2, seq=2, text=" there was", token_ids=[3, 4]),
+                       DoneEvent(attempt=2, seq=3, finish_reason="length")):
+                r.xadd(keys.reply(job), encode_event(ev))
+            bodies = [json.loads(line[6:]) for line in resp.iter_lines()
+                      if line.startswith("data: ") and line != "data: [DONE]"]
+        metrics = httpx.get(f"{url}/metrics", timeout=10).text
+    texts = "".join(c["choices"][0]["text"] for c in bodies if c.get("choices"))
+    assert texts == " upon a"  # what attempt 1 showed, and nothing of attempt 2
+    assert bodies[-1]["error"]["code"] == "reply_diverged"
+    assert "inferq_gateway_stream_divergences_total 1.0" in metrics
