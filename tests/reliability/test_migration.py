@@ -2,7 +2,7 @@
 official openai client streaming. A worker is SIGKILLed (or SIGTERMed, handing
 its jobs back) while every stream is mid-generation, and a second worker takes
 the jobs over. For greedy, sampled-unseeded (seeded at admission), seeded,
-n=2, logprobs and JSON-schema requests, in float32 and bfloat16:
+n=2, logprobs, tools and JSON-schema requests, in float32 and bfloat16:
 
 - every client's streamed text equals the job's final text (no splice), and
 - the final text equals an uninterrupted run of the same request (same seed),
@@ -35,6 +35,9 @@ REQUESTS = {
     "sampled-2": dict(temperature=0.9, top_p=0.9, extra_body={"ignore_eos": True}),
     "seeded": dict(temperature=0.9, seed=1234, extra_body={"ignore_eos": True}),
     "n2": dict(temperature=0.9, n=2, extra_body={"ignore_eos": True}),
+    "tools": dict(temperature=0.9, extra_body={"ignore_eos": True}, tools=[{"type": "function", "function": {
+        "name": "lookup", "description": "Look a word up", "parameters": {
+            "type": "object", "properties": {"word": {"type": "string"}}, "required": ["word"]}}}]),
     "json": dict(temperature=0.9, response_format={"type": "json_schema",
                                                    "json_schema": {"name": "person", "schema": SCHEMA}}),
 }
