@@ -18,6 +18,7 @@ import redis
 
 from inferq.producer import Producer
 from inferq.schemas import SamplingParams, decode_event, keys
+from inferq.schemas.fold import Assembly
 from tests.conftest import RedisServer
 from tests.gateway.stack import running_gateway
 from tests.reliability.conftest import pending_count
@@ -57,7 +58,7 @@ def test_partitioned_worker_cannot_finish_the_live_attempt(server, tiny_model, o
     p = Producer(server.url, default_model=MODEL)
     try:
         with running_gateway(server.url, producer={"default_model": MODEL}) as gw:
-            prompts = [f"partition job {i}" for i in range(12)]
+            prompts = [f"partition job {i}" for i in range(13)]
             handles = [p.submit(t, sampling=greedy()) for t in prompts[:10]]
             got: dict[str, object] = {}
 
@@ -71,20 +72,32 @@ def test_partitioned_worker_cannot_finish_the_live_attempt(server, tiny_model, o
                                         "temperature": 0, "ignore_eos": True, "stream": True}) as resp:
                     got["stream"] = [line for line in resp.iter_lines() if line.startswith("data: ")]
 
-            threads = [threading.Thread(target=non_streamed), threading.Thread(target=streamed)]
+            def sampled():  # sampled, no seed: the job's seed is fixed at admission
+                with httpx.stream("POST", f"{gw}/v1/completions", timeout=240,
+                                  json={"model": MODEL, "prompt": prompts[12], "max_tokens": TOKENS,
+                                        "temperature": 0.9, "ignore_eos": True, "stream": True}) as resp:
+                    got["sampled_id"] = resp.headers["x-inferq-job-id"]
+                    got["sampled"] = [line for line in resp.iter_lines() if line.startswith("data: ")]
+
+            threads = [threading.Thread(target=non_streamed), threading.Thread(target=streamed),
+                       threading.Thread(target=sampled)]
             for t in threads:
                 t.start()
-            wait_for(lambda: r.xlen(keys.jobs(MODEL)) == 12, 60, what="12 jobs queued")
+            wait_for(lambda: r.xlen(keys.jobs(MODEL)) == 13, 60, what="13 jobs queued")
             ids = job_ids(r)
             wait_for(lambda: all(info(r, j).get("status") == "running" and info(r, j).get("worker") == "part-a"
-                                 for j in ids), 60, what="A running all 12")
+                                 for j in ids), 60, what="A running all 13")
 
+            # The sampled stream has shown text from attempt 1 before the partition.
+            wait_for(lambda: "sampled_id" in got and sum(
+                1 for _, f in r.xrange(keys.reply(got["sampled_id"])) if f[b"type"] == b"delta") >= 3,
+                60, what="the sampled job streaming")
             proxy.pause()  # A's link to Redis stalls: its lease renewals and replies are held
             b = WorkerProc(server.url, tiny_model, MODEL, tmp_path, "part-b", "--step-pace-s", "0.1",
                            metrics=True).wait_ready()
             # B's reaper claims the idle entries (3 leases of 1 s) and starts attempt 2 of each.
             wait_for(lambda: all(info(r, j).get("worker") == "part-b" and info(r, j).get("attempt") == "2"
-                                 for j in ids), 90, what="B running attempt 2 of all 12")
+                                 for j in ids), 90, what="B running attempt 2 of all 13")
             # A's engine kept running through the stall (only Redis is cut off), so its
             # attempt-1 finishes are queued behind the stalled link; B, paced slower,
             # is still generating attempt 2 when they arrive.
@@ -104,6 +117,17 @@ def test_partitioned_worker_cannot_finish_the_live_attempt(server, tiny_model, o
         chunks = [json.loads(line[6:]) for line in got["stream"] if line != "data: [DONE]"]
         assert "".join(c["choices"][0]["text"] for c in chunks if c.get("choices")) == expected[prompts[11]]
         assert [c["choices"][0]["finish_reason"] for c in chunks if c.get("choices")][-1] == "length"
+        # The sampled stream, taken over mid-generation while A's late attempt-1 deltas
+        # arrive: what it showed is the job's final text, which continued attempt 1.
+        sampled_chunks = [json.loads(line[6:]) for line in got["sampled"] if line != "data: [DONE]"]
+        shown = "".join(c["choices"][0]["text"] for c in sampled_chunks if c.get("choices"))
+        asm = Assembly()
+        for _, f in r.xrange(keys.reply(got["sampled_id"])):
+            asm.feed(decode_event(f))
+        assert shown == asm.text and asm.finish_reason == "length" and len(asm.token_ids) == TOKENS
+        restarted = [decode_event(f) for _, f in r.xrange(keys.reply(got["sampled_id"]))
+                     if f[b"type"] == b"restarted"]
+        assert restarted and restarted[0].resume, "the new attempt started over instead of continuing"
 
         # A's attempt-1 work ends either refused by Redis (counted) or dropped by its
         # lease keeper first (renewal reports the entries lost); never published.
@@ -125,8 +149,8 @@ def test_partitioned_worker_cannot_finish_the_live_attempt(server, tiny_model, o
         assert r.xlen(keys.jobs(MODEL)) == 0 and pending_count(r, MODEL) == 0 and r.xlen(keys.dlq(MODEL)) == 0
         assert a.proc.poll() is None and b.proc.poll() is None  # nobody died of it
         refused = a.metric("inferq:fenced_refusals_total")
-        print(f"\n[reliability] partition: 12 jobs, attempt 1 on the cut-off worker, attempt 2 on the other; "
-              f"{refused:.0f} stale state changes refused; 12 single final events ({later} past attempt 2)")
+        print(f"\n[reliability] partition: 13 jobs, attempt 1 on the cut-off worker, attempt 2 on the other; "
+              f"{refused:.0f} stale state changes refused; 13 single final events ({later} past attempt 2)")
     finally:
         proxy.resume()
         p.close()
