@@ -21,6 +21,7 @@ GROUPS: dict[str, dict[str, str]] = {
         "modes": "the four batching modes on one mixed workload; paged vs contiguous KV waste",
         "structured": "a JSON Schema on every request vs the same mix unconstrained (and vs vLLM)",
         "speculative": "n-gram speculative decoding vs plain decoding on copy-heavy and random mixes (and vs vLLM)",
+        "migration": "a taken-over job finished by continuing its published tokens vs regenerating them",
         "step": "per-step host overhead (schedule, prepare, forward, sample, output) at batch 1/64/256",
         "prompt-step": "a prompt step joining running decodes, then a decode step, on the bundled model",
         "weight-memory": "the engine's resident memory on the bundled model beside one copy of its weights",
