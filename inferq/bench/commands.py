@@ -14,6 +14,7 @@ GROUPS: dict[str, dict[str, str]] = {
         "queue-overhead": "what the queue and reply path add per job vs the same engine in-process; publisher events/s",
         "redis-cost": "Redis commands, bytes and server CPU per job and per reply event, with a real worker",
         "lanes": "queue lanes on real workers: priority classes, tenant fair share, prefix affinity",
+        "dashboard-scale": "the dashboard's views with 10,000 jobs and 100 lanes in Redis: time and Redis commands each",
         "ttft-trace": "where a job's time to first token goes in a running worker (traced worker, then reports)",
     },
     "the engine, in this process": {

@@ -1,4 +1,4 @@
-"""Bounded work per view with 10,000 jobs and 100 lanes in Redis (tests/dashboard/scale.py):
+"""Bounded work per view with 10,000 jobs and 100 lanes in Redis (inferq/bench/dashboard_scale.py):
 each JSON view costs a fixed number of Redis commands (the queues view a few
 per lane, the others a handful), never a KEYS or SCAN once the model list is
 cached, and lists come in pages. Counted with INFO commandstats, so the check
@@ -12,7 +12,7 @@ import pytest
 import redis
 
 from tests.conftest import RedisServer
-from tests.dashboard import scale
+from inferq.bench import dashboard_scale as scale
 from tests.gateway.stack import running_gateway
 
 

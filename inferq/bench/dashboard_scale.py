@@ -3,9 +3,9 @@ and its benchmark: 10,000 jobs over 100 lanes (50 fair-share tenants x 2
 priority classes) of one model, a tenth of each lane delivered to a worker
 (pending), their job records, and 200 dead letters.
 
-    python -m tests.dashboard.scale     # the figure in docs/benchmarks.md
+    inferq bench dashboard-scale     # the figure in docs/benchmarks.md
 
-starts a private redis-server and an in-process gateway, fills the queue, and
+starts a private redis-server and a gateway, fills the queue, and
 prints each JSON view's answer time (first call, then median and max of 20)
 and the Redis commands one call costs.
 """
@@ -81,26 +81,42 @@ def views(job_id: str) -> dict[str, str]:
             "job": f"/dashboard/api/jobs/{job_id}", "batches": "/dashboard/api/batches"}
 
 
-def main() -> None:
+def main(argv=None) -> int:
+    """Fill a private redis-server, start a gateway on it, and time every view."""
+    import argparse
+    import os
+    import subprocess
+    import sys
     import tempfile
     from pathlib import Path
 
     import httpx
     import redis
 
-    from tests.conftest import RedisServer
-    from tests.gateway.stack import running_gateway
+    from inferq.bench.serve_runs import wait_http
+    from inferq.embedded_redis import EmbeddedRedis
+    from inferq.ports import free_port
+    from inferq.processes import terminate
 
+    argparse.ArgumentParser(prog="inferq bench dashboard-scale", description=__doc__.splitlines()[0]).parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
-        server = RedisServer(Path(tmp)).start()
+        server = EmbeddedRedis(Path(tmp) / "redis").start()
+        gateway = None
         try:
             r = redis.Redis.from_url(server.url)
             t0 = time.perf_counter()
             ids = fill(r)
             print(f"filled {JOBS} jobs over {len(lanes())} lanes + {DLQ} dead letters in "
                   f"{time.perf_counter() - t0:.1f} s; {r.dbsize()} keys")
-            with running_gateway(server.url, files_dir=str(Path(tmp) / "files")) as url, \
-                    httpx.Client(base_url=url, timeout=60) as c:
+            port = free_port()
+            log = Path(tmp) / "gateway.log"
+            env = dict(os.environ, INFERQ_REDIS_URL=server.url, INFERQ_GATEWAY_FILES_DIR=str(Path(tmp) / "files"))
+            with open(log, "wb") as out:
+                gateway = subprocess.Popen([sys.executable, "-m", "inferq.producer.gateway", "--port", str(port)],
+                                           env=env, stdout=out, stderr=subprocess.STDOUT)
+            url = f"http://127.0.0.1:{port}"
+            wait_http(f"{url}/health", gateway, 60, log)
+            with httpx.Client(base_url=url, timeout=60) as c:
                 print(f"{'view':8} {'first ms':>9} {'p50 ms':>7} {'max ms':>7} {'bytes':>8}  redis commands per call")
                 for name, path in views(ids[len(ids) // 2]).items():
                     t = time.perf_counter()
@@ -117,8 +133,11 @@ def main() -> None:
                           f"{len(first.content):8d}  {sum(calls.values())} ({', '.join(f'{k} {v}' for k, v in sorted(calls.items()))})")
             r.close()
         finally:
+            if gateway is not None:
+                terminate(gateway, 10)
             server.stop()
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())
