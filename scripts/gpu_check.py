@@ -40,7 +40,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 CPU_SMOKE = "--cpu-smoke" in sys.argv
-if CPU_SMOKE:  # must precede any inferq_kernels.* import: triton.jit reads it at definition time
+if CPU_SMOKE:  # must precede any inferq.kernels.* import: triton.jit reads it at definition time
     os.environ["TRITON_INTERPRET"] = "1"
 else:
     os.environ.pop("TRITON_INTERPRET", None)  # compiled kernels only
