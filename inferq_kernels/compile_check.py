@@ -27,29 +27,22 @@ HOPPER_SHARED_MEMORY = 227 * 1024  # bytes one block may use on sm_90
 def _signature(kernel, args: dict, constexprs: dict) -> tuple[dict, dict, dict]:
     """Types, constants and alignment attributes for ``args``, specialised as a launch would be.
 
-    As at launch, pointers and ints divisible by 16 get ``tt.divisibility = 16``
-    (this is what lets Triton vectorise loads) and an int equal to 1 becomes a
-    constant; ``do_not_specialize`` arguments get neither.
+    Triton's own launch binder decides (``inferq.kernels.compile_key``): pointers and
+    ints divisible by 16 get ``tt.divisibility = 16`` (this is what lets Triton
+    vectorise loads) and an int equal to 1 becomes a constant, except for the
+    arguments the kernel declares ``do_not_specialize`` / ``do_not_specialize_on_alignment``.
     """
-    from triton.backends.nvidia.compiler import CUDABackend
-    from triton.runtime.jit import native_specialize_impl
+    from inferq.kernels.compile_key import cuda_backend, specialization
 
-    not_specialized = set()
-    for item in getattr(kernel, "do_not_specialize", []) or []:
-        not_specialized.add(kernel.arg_names[item] if isinstance(item, int) else item)
-    signature, constants, attrs = {}, dict(constexprs), {}
-    for index, name in enumerate(kernel.arg_names):
-        if name in constexprs:
-            signature[name] = "constexpr"
-            continue
-        value = args[name]
-        specialize = name not in not_specialized
-        kind, key = native_specialize_impl(CUDABackend, value, False, specialize, specialize)
+    ordered = tuple(constexprs[name] if name in constexprs else args[name] for name in kernel.arg_names)
+    spec, _ = specialization(kernel, ordered, {})
+    signature, constants, attrs = {}, {}, {}
+    for index, (name, (kind, key)) in enumerate(zip(kernel.arg_names, spec)):
         signature[name] = kind
-        if kind == "constexpr":  # an int equal to 1 is baked in
-            constants[name] = value
+        if kind == "constexpr":  # declared constexpr, or an int equal to 1 baked in
+            constants[name] = key
         elif isinstance(key, str) and key:
-            attrs[(index,)] = CUDABackend.parse_attr(key)
+            attrs[(index,)] = cuda_backend().parse_attr(key)
     return signature, constants, attrs
 
 

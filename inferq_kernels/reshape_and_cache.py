@@ -15,10 +15,12 @@ import triton
 import triton.language as tl
 
 from inferq.kernels.checks import check_reshape_and_cache
-from inferq.kernels.runtime import check_launchable
+from inferq.kernels.runtime import KernelLaunch, check_launchable
 
 
-@triton.jit
+# The slot mapping is a slice of the model runner's step buffer: its alignment must
+# not key a compile (1-3 s each); it is read one scalar per program anyway.
+@triton.jit(do_not_specialize_on_alignment=("slot_ptr",))
 def _reshape_and_cache_kernel(
     key_ptr, value_ptr, key_cache_ptr, value_cache_ptr, slot_ptr,
     stride_kt, stride_kh, stride_kd,
@@ -58,6 +60,34 @@ def cache_write_constants(num_kv_heads: int, head_dim: int) -> dict:
     )
 
 
+def reshape_and_cache_launches(
+    key: torch.Tensor,  # [T, Hkv, D]
+    value: torch.Tensor,  # [T, Hkv, D]
+    key_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]
+    value_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]
+    slot_mapping: torch.Tensor,  # [T] int64; < 0 skips the token
+) -> list[KernelLaunch]:
+    """The launch of ``reshape_and_cache`` (none for no tokens), not run."""
+    check_reshape_and_cache(key, value, key_cache, value_cache, slot_mapping)
+    check_launchable(_reshape_and_cache_kernel, key_cache)
+    num_tokens = key.shape[0]
+    if num_tokens == 0:
+        return []
+    if key_cache.stride() != value_cache.stride():
+        raise ValueError("key_cache and value_cache must have the same strides")
+    _, block_size, num_kv_heads, head_dim = key_cache.shape
+    return [KernelLaunch(
+        _reshape_and_cache_kernel,
+        (num_tokens,),
+        (
+            key, value, key_cache, value_cache, slot_mapping,
+            *key.stride(), *value.stride(), *key_cache.stride(),
+            block_size,
+        ),
+        {**cache_write_constants(num_kv_heads, head_dim), **CACHE_WRITE_LAUNCH_OPTIONS},
+    )]
+
+
 def reshape_and_cache(
     key: torch.Tensor,  # [T, Hkv, D]
     value: torch.Tensor,  # [T, Hkv, D]
@@ -66,18 +96,5 @@ def reshape_and_cache(
     slot_mapping: torch.Tensor,  # [T] int64; < 0 skips the token
 ) -> None:
     """Write each token's K and V into its cache slot, in place."""
-    check_reshape_and_cache(key, value, key_cache, value_cache, slot_mapping)
-    check_launchable(_reshape_and_cache_kernel, key_cache)
-    num_tokens = key.shape[0]
-    if num_tokens == 0:
-        return
-    if key_cache.stride() != value_cache.stride():
-        raise ValueError("key_cache and value_cache must have the same strides")
-    _, block_size, num_kv_heads, head_dim = key_cache.shape
-    _reshape_and_cache_kernel[(num_tokens,)](
-        key, value, key_cache, value_cache, slot_mapping,
-        *key.stride(), *value.stride(), *key_cache.stride(),
-        block_size,
-        **cache_write_constants(num_kv_heads, head_dim),
-        **CACHE_WRITE_LAUNCH_OPTIONS,
-    )
+    for launch in reshape_and_cache_launches(key, value, key_cache, value_cache, slot_mapping):
+        launch.run()

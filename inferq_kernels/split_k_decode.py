@@ -17,6 +17,8 @@ import torch
 import triton
 import triton.language as tl
 
+from inferq.kernels.runtime import KernelLaunch
+
 MIN_KEYS_PER_SPLIT = 128  # below this a segment costs more in launch/merge than it saves
 MAX_SPLITS = 64
 
@@ -41,7 +43,19 @@ def choose_num_kv_splits(
     return 1 << (wanted.bit_length() - 1)  # round down to a power of two
 
 
-@triton.jit
+def possible_num_kv_splits(num_kv_heads: int, max_seq_len: int, num_compute_units: int) -> list[int]:
+    """Every count ``choose_num_kv_splits`` can return for sequences up to ``max_seq_len``.
+
+    One sequence at the longest length gets the most; every smaller power of two
+    comes with a shorter one.
+    """
+    most = choose_num_kv_splits(1, num_kv_heads, 1, max_seq_len, num_compute_units)
+    return [1 << i for i in range(most.bit_length())]
+
+
+# The batch size changes every step and the query offsets are a slice of the step's
+# buffer (alignment flips with it): neither may key a compile (1-3 s each).
+@triton.jit(do_not_specialize=("num_seqs",), do_not_specialize_on_alignment=("query_start_loc_ptr",))
 def _merge_kv_splits_kernel(
     part_out_ptr, part_lse_ptr, out_ptr, query_start_loc_ptr,
     num_seqs, num_heads,
@@ -84,6 +98,22 @@ def merge_constants(num_splits: int, head_dim: int, dim_pad: int) -> dict:
     )
 
 
+def merge_kv_splits_launch(
+    part_out: torch.Tensor,  # [T, Hq, S, DIM_PAD] fp32
+    part_lse: torch.Tensor,  # [T, Hq, S] fp32
+    out: torch.Tensor,  # [T, Hq, D]
+    query_start_loc: torch.Tensor,  # [B+1]
+    num_seqs: int,
+) -> KernelLaunch:
+    num_tokens, num_heads, num_splits, dim_pad = part_out.shape
+    return KernelLaunch(
+        _merge_kv_splits_kernel,
+        (num_tokens, num_heads),
+        (part_out, part_lse, out, query_start_loc, num_seqs, num_heads, *out.stride()),
+        {**merge_constants(num_splits, out.shape[2], dim_pad), **MERGE_LAUNCH_OPTIONS},
+    )
+
+
 def merge_kv_splits(
     part_out: torch.Tensor,  # [T, Hq, S, DIM_PAD] fp32
     part_lse: torch.Tensor,  # [T, Hq, S] fp32
@@ -91,11 +121,4 @@ def merge_kv_splits(
     query_start_loc: torch.Tensor,  # [B+1]
     num_seqs: int,
 ) -> None:
-    num_tokens, num_heads, num_splits, dim_pad = part_out.shape
-    _merge_kv_splits_kernel[(num_tokens, num_heads)](
-        part_out, part_lse, out, query_start_loc,
-        num_seqs, num_heads,
-        *out.stride(),
-        **merge_constants(num_splits, out.shape[2], dim_pad),
-        **MERGE_LAUNCH_OPTIONS,
-    )
+    merge_kv_splits_launch(part_out, part_lse, out, query_start_loc, num_seqs).run()

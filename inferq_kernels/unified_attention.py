@@ -29,8 +29,21 @@ import triton
 import triton.language as tl
 
 from inferq.kernels.checks import check_unified_attention
-from inferq.kernels.runtime import check_launchable, num_compute_units
-from inferq.kernels.split_k_decode import choose_num_kv_splits, merge_kv_splits
+from inferq.kernels.runtime import KernelLaunch, check_launchable, num_compute_units
+from inferq.kernels.split_k_decode import choose_num_kv_splits, merge_kv_splits_launch, possible_num_kv_splits
+
+# Triton compiles one kernel per distinct specialisation of its arguments (ints equal
+# to 1 or divisible by 16, pointers 16-byte aligned): 1-3 s each, inside a step. These
+# change from step to step, so none of them may key a compile:
+# the batch size and the block table's width (its row stride) ...
+STEP_VARYING_INTS = ("num_seqs", "stride_block_table")
+# ... and the metadata tensors, which the model runner slices out of one step buffer,
+# so their alignment flips with the batch size. They are read by scalar loads and
+# gathers, which an alignment hint does not speed up.
+METADATA_POINTERS = ("query_start_loc_ptr", "seq_lens_ptr", "block_tables_ptr")
+
+# Up to this many query rows per sequence a step uses 16-row tiles (decodes), above it 64.
+DECODE_TILE_MAX_QUERY_LEN = 4
 
 
 @triton.jit
@@ -60,7 +73,7 @@ def _dot(a, b, IN_FP32: tl.constexpr):
         return tl.dot(a, b)
 
 
-@triton.jit(do_not_specialize=["num_seqs"])  # batch sizes vary step to step: one compile
+@triton.jit(do_not_specialize=STEP_VARYING_INTS, do_not_specialize_on_alignment=METADATA_POINTERS)
 def _unified_attention_kernel(
     q_ptr, key_cache_ptr, value_cache_ptr, out_ptr,
     part_out_ptr, part_lse_ptr,  # split-K scratch: [T, Hq, NUM_SPLITS, DIM_PAD], [T, Hq, NUM_SPLITS] fp32
@@ -185,7 +198,8 @@ def kernel_constants(
 ) -> dict:
     """The constexpr arguments of one launch (also used to compile ahead of time for a GPU)."""
     queries_per_kv = num_heads // num_kv_heads
-    rows = 16 if max_query_len <= 4 else 64  # decodes leave most rows of a big tile idle; tl.dot needs >= 16
+    # decodes leave most rows of a big tile idle; tl.dot needs >= 16
+    rows = 16 if max_query_len <= DECODE_TILE_MAX_QUERY_LEN else 64
     block_m = max(rows, triton.next_power_of_2(queries_per_kv))
     dim_pad = max(16, triton.next_power_of_2(head_dim))
     return dict(
@@ -199,6 +213,82 @@ def kernel_constants(
         NUM_SPLITS=num_kv_splits,
         DOT_IN_FP32=dtype == torch.float32 or device_type == "cpu",
     )
+
+
+def compile_variants(
+    num_kv_heads: int, max_seq_len: int, max_query_len: int, num_compute_units: int, num_kv_splits: int | None = None
+) -> list[tuple[int, int]]:
+    """One ``(max_query_len, num_kv_splits)`` per constexpr set steps up to these limits can
+    launch with (the other arguments no longer key compiles): decodes at each split-K count
+    ``choose_num_kv_splits`` can pick (or the fixed one), and 64-row prefill tiles."""
+    if num_kv_splits is None:
+        decode_splits = possible_num_kv_splits(num_kv_heads, max_seq_len, num_compute_units)
+        prefill_splits = 1
+    else:
+        decode_splits, prefill_splits = [num_kv_splits], num_kv_splits
+    variants = [(1, splits) for splits in decode_splits]
+    if max_query_len > DECODE_TILE_MAX_QUERY_LEN:
+        variants.append((DECODE_TILE_MAX_QUERY_LEN + 1, prefill_splits))
+    return variants
+
+
+def unified_attention_launches(
+    q: torch.Tensor,  # [T, Hq, D]
+    key_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]
+    value_cache: torch.Tensor,
+    out: torch.Tensor,  # [T, Hq, D], written in place
+    query_start_loc: torch.Tensor,  # [B+1] int32
+    seq_lens: torch.Tensor,  # [B] int32, context + new tokens
+    block_tables: torch.Tensor,  # [B, max_blocks] int32
+    max_query_len: int,
+    max_seq_len: int,
+    softmax_scale: float,
+    num_kv_splits: int | None = None,  # None: split-K chosen automatically for decode-only batches
+) -> list[KernelLaunch]:
+    """The launches of ``unified_attention``, in order, not run (split-K scratch allocated)."""
+    check_unified_attention(q, key_cache, value_cache, out, query_start_loc, seq_lens, block_tables, num_kv_splits)
+    check_launchable(_unified_attention_kernel, key_cache)
+    if key_cache.stride() != value_cache.stride():
+        raise ValueError("key_cache and value_cache must have the same strides")
+    num_tokens, num_heads, head_dim = q.shape
+    num_seqs = seq_lens.shape[0]
+    if num_tokens == 0 or num_seqs == 0:
+        return []
+    _, block_size, num_kv_heads, _ = key_cache.shape
+    if num_kv_splits is None:
+        num_kv_splits = choose_num_kv_splits(
+            num_seqs, num_kv_heads, max_query_len, max_seq_len, num_compute_units(q.device)
+        )
+    const = kernel_constants(
+        q.dtype, q.device.type, num_heads, num_kv_heads, head_dim, block_size, max_query_len, num_kv_splits
+    )
+
+    if num_kv_splits > 1:
+        part_out = torch.empty(
+            (num_tokens, num_heads, num_kv_splits, const["DIM_PAD"]), dtype=torch.float32, device=q.device
+        )
+        part_lse = torch.empty((num_tokens, num_heads, num_kv_splits), dtype=torch.float32, device=q.device)
+    else:  # never read or written
+        part_out = part_lse = out
+
+    grid = (num_tokens // const["BLOCK_Q"] + num_seqs, num_kv_heads, num_kv_splits)
+    attention = KernelLaunch(
+        _unified_attention_kernel,
+        grid,
+        (
+            q, key_cache, value_cache, out,
+            part_out, part_lse,
+            query_start_loc, seq_lens, block_tables,
+            num_seqs, num_heads,
+            softmax_scale * math.log2(math.e),
+            *q.stride(), *out.stride(), *key_cache.stride(),
+            block_tables.stride(0),
+        ),
+        {**const, **LAUNCH_OPTIONS},
+    )
+    if num_kv_splits == 1:
+        return [attention]
+    return [attention, merge_kv_splits_launch(part_out, part_lse, out, query_start_loc, num_seqs)]
 
 
 def unified_attention(
@@ -223,43 +313,9 @@ def unified_attention(
     in a CUDA graph; programs find their sequence and split segment from the
     device tensors, so the split count fixed at capture stays correct.
     """
-    check_unified_attention(q, key_cache, value_cache, out, query_start_loc, seq_lens, block_tables, num_kv_splits)
-    check_launchable(_unified_attention_kernel, key_cache)
-    if key_cache.stride() != value_cache.stride():
-        raise ValueError("key_cache and value_cache must have the same strides")
-    num_tokens, num_heads, head_dim = q.shape
-    num_seqs = seq_lens.shape[0]
-    if num_tokens == 0 or num_seqs == 0:
-        return out
-    _, block_size, num_kv_heads, _ = key_cache.shape
-    if num_kv_splits is None:
-        num_kv_splits = choose_num_kv_splits(
-            num_seqs, num_kv_heads, max_query_len, max_seq_len, num_compute_units(q.device)
-        )
-    const = kernel_constants(
-        q.dtype, q.device.type, num_heads, num_kv_heads, head_dim, block_size, max_query_len, num_kv_splits
-    )
-
-    if num_kv_splits > 1:
-        part_out = torch.empty(
-            (num_tokens, num_heads, num_kv_splits, const["DIM_PAD"]), dtype=torch.float32, device=q.device
-        )
-        part_lse = torch.empty((num_tokens, num_heads, num_kv_splits), dtype=torch.float32, device=q.device)
-    else:  # never read or written
-        part_out = part_lse = out
-
-    grid = (num_tokens // const["BLOCK_Q"] + num_seqs, num_kv_heads, num_kv_splits)
-    _unified_attention_kernel[grid](
-        q, key_cache, value_cache, out,
-        part_out, part_lse,
-        query_start_loc, seq_lens, block_tables,
-        num_seqs, num_heads,
-        softmax_scale * math.log2(math.e),
-        *q.stride(), *out.stride(), *key_cache.stride(),
-        block_tables.stride(0),
-        **const,
-        **LAUNCH_OPTIONS,
-    )
-    if num_kv_splits > 1:
-        merge_kv_splits(part_out, part_lse, out, query_start_loc, num_seqs)
+    for launch in unified_attention_launches(
+        q, key_cache, value_cache, out, query_start_loc, seq_lens, block_tables,
+        max_query_len, max_seq_len, softmax_scale, num_kv_splits,
+    ):
+        launch.run()
     return out

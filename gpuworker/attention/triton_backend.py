@@ -14,11 +14,15 @@ import time. Without it, a CPU forward raises a RuntimeError saying so.
 """
 from __future__ import annotations
 
+import contextlib
+from typing import Iterator
+
 import torch
 
 from inferq.gpuworker.attention.base import AttentionBackend, AttentionMetadata, KVCache
-from inferq.kernels.reshape_and_cache import reshape_and_cache
-from inferq.kernels.unified_attention import unified_attention
+from inferq.kernels.reshape_and_cache import reshape_and_cache_launches
+from inferq.kernels.runtime import KernelLaunch, num_compute_units
+from inferq.kernels.unified_attention import compile_variants, unified_attention_launches
 
 
 class TritonAttentionBackend(AttentionBackend):
@@ -39,12 +43,27 @@ class TritonAttentionBackend(AttentionBackend):
         meta: AttentionMetadata,
         scale: float,
     ) -> torch.Tensor:
+        out, launches = self.launches(q, k, v, kv_cache, meta, scale)
+        for launch in launches:
+            launch.run()
+        return out
+
+    def launches(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        kv_cache: KVCache,
+        meta: AttentionMetadata,
+        scale: float,
+    ) -> tuple[torch.Tensor, list[KernelLaunch]]:
+        """The output tensor and the kernel launches of one layer's forward, in order, not run."""
         key_cache, value_cache = kv_cache
         if key_cache.shape[1] != meta.block_size:
             raise ValueError(f"cache block size {key_cache.shape[1]} != metadata block size {meta.block_size}")
-        reshape_and_cache(k, v, key_cache, value_cache, meta.slot_mapping)
         out = torch.empty_like(q)
-        return unified_attention(
+        cache_write = reshape_and_cache_launches(k, v, key_cache, value_cache, meta.slot_mapping)
+        attention = unified_attention_launches(
             q,
             key_cache,
             value_cache,
@@ -57,3 +76,19 @@ class TritonAttentionBackend(AttentionBackend):
             scale,
             self.num_kv_splits,
         )
+        return out, cache_write + attention
+
+    def compile_variants(
+        self, num_kv_heads: int, max_seq_len: int, max_query_len: int, device: torch.device
+    ) -> list[tuple[int, int]]:
+        """``(max_query_len, num_kv_splits)`` of one step per kernel variant steps up to these
+        limits compile; a forward of each under ``fixed_num_kv_splits`` compiles them all."""
+        return compile_variants(num_kv_heads, max_seq_len, max_query_len, num_compute_units(device), self.num_kv_splits)
+
+    @contextlib.contextmanager
+    def fixed_num_kv_splits(self, num_kv_splits: int) -> Iterator[None]:
+        saved, self.num_kv_splits = self.num_kv_splits, num_kv_splits
+        try:
+            yield
+        finally:
+            self.num_kv_splits = saved

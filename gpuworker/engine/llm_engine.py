@@ -95,6 +95,11 @@ class LLMEngine:
         )
         self.runner = ModelRunner(self.model, self.kv_caches, config.block_size, self.device,
                                   max_num_seqs=config.max_num_seqs, max_model_len=self.max_model_len)
+        if self.device.type == "cuda" and self.backend.name == "triton":
+            from inferq.gpuworker.engine.kernel_warmup import warm_up_triton_kernels
+
+            warm_up_triton_kernels(self.model, self.kv_caches, self.backend, config.block_size,
+                                   self.max_model_len, config.max_num_batched_tokens, self.device)
         if self.device.type == "cuda" and self.backend.name == "triton" and not config.enforce_eager:
             from inferq.gpuworker.engine.cuda_graphs import DecodeGraphs
 
