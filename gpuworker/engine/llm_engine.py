@@ -15,6 +15,7 @@ import torch
 from inferq.gpuworker.attention.base import get_backend
 from inferq.gpuworker.config import EngineConfig
 from inferq.gpuworker.engine import host_malloc
+from inferq.gpuworker.engine.cuda_device import bind_cuda_device, keep_cuda_device
 from inferq.gpuworker.engine.detokenizer import IncrementalDetokenizer
 from inferq.gpuworker.engine.grammar import GrammarCompiler
 from inferq.gpuworker.engine.kv_cache_manager import KVCacheManager
@@ -47,6 +48,9 @@ class LLMEngine:
     def __init__(self, config: Optional[EngineConfig] = None, **kwargs):
         self.config = config = config or EngineConfig(**kwargs)
         self.device = config.resolved_device()
+        self._cuda = self.device.type == "cuda"
+        if self._cuda:  # before anything is allocated or launched
+            self.device = bind_cuda_device(self.device)
         if self.device.type == "cpu":
             host_malloc.retain_freed_memory()  # a step's big temporaries: reused, not faulted in again
         dtype, why = config.resolved_dtype_and_reason(self.device)
@@ -223,6 +227,8 @@ class LLMEngine:
     # -- the step -------------------------------------------------------------
     def step(self) -> list[RequestDelta]:
         t0 = time.perf_counter()
+        if self._cuda:
+            keep_cuda_device(self.device)
         deltas = self._expire_deadlines()
         spec = self.spec
         if spec is not None:
