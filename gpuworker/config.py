@@ -47,10 +47,13 @@ class EngineConfig:
     scheduling_policy: str = "fcfs"  # or "priority"
     num_kv_blocks: Optional[int] = None  # overrides the memory-based sizing
     kv_cache_memory: Optional[int] = None  # bytes for K+V of all layers
+    # CUDA: the share of the whole device this engine plans for; what anything else on the
+    # device uses (other processes included) comes out of it (gpuworker/engine/gpu_memory.py).
     gpu_memory_utilization: float = 0.9
     dtype: Optional[str] = None  # None: bfloat16 on CUDA and on CPUs with AVX512-BF16/AMX, else float32
     device: Optional[str] = None  # None: cuda if available, else cpu
-    enforce_eager: bool = False  # True: no CUDA graphs for decode steps
+    enforce_eager: bool = False  # True: no CUDA graphs for decode steps (vLLM's name)
+    cuda_graphs: bool = True  # False: the same as enforce_eager=True (the worker's INFERQ_CUDA_GRAPHS)
     # CPU: prepack matmul weights once at load, in place of the plain ones, for our kernels (fp32,
     # bf16 with AMX or AVX512-BF16; gpuworker/models/cpu_linear.py) or oneDNN (bf16). None/True:
     # where it works.
@@ -82,6 +85,9 @@ class EngineConfig:
             from inferq.gpuworker.engine.speculative.config import SpeculativeConfig
 
             self.speculative = SpeculativeConfig.parse(self.speculative)  # a clear error at construction
+
+    def cuda_graphs_enabled(self) -> bool:
+        return self.cuda_graphs and not self.enforce_eager
 
     def resolved_device(self) -> torch.device:
         if self.device:

@@ -99,12 +99,12 @@ class LLMEngine:
         )
         self.runner = ModelRunner(self.model, self.kv_caches, config.block_size, self.device,
                                   max_num_seqs=config.max_num_seqs, max_model_len=self.max_model_len)
-        if self.device.type == "cuda" and self.backend.name == "triton":
+        if self._cuda and self.backend.name == "triton":
             from inferq.gpuworker.engine.kernel_warmup import warm_up_triton_kernels
 
             warm_up_triton_kernels(self.model, self.kv_caches, self.backend, config.block_size,
                                    self.max_model_len, config.max_num_batched_tokens, self.device)
-        if self.device.type == "cuda" and self.backend.name == "triton" and not config.enforce_eager:
+        if self._captures_cuda_graphs():
             from inferq.gpuworker.engine.cuda_graphs import DecodeGraphs
 
             graphs = DecodeGraphs(self.model, self.kv_caches, self.backend, config.block_size,
@@ -128,6 +128,9 @@ class LLMEngine:
                                             cache_size=self.config.grammar_cache_size)
         return self._grammar
 
+    def _captures_cuda_graphs(self) -> bool:
+        return self._cuda and self.backend.name == "triton" and self.config.cuda_graphs_enabled()
+
     def _num_kv_blocks(self, mc, dtype: torch.dtype) -> int:
         cfg = self.config
         if cfg.num_kv_blocks:
@@ -135,23 +138,30 @@ class LLMEngine:
         bytes_per_block = 2 * mc.num_layers * cfg.block_size * mc.num_kv_heads * mc.head_dim * dtype.itemsize
         if cfg.kv_cache_memory:
             budget = cfg.kv_cache_memory
-        elif self.device.type == "cuda":
-            budget = self._profile_free_gpu_memory()
+        elif self._cuda:
+            budget = self._profile_free_gpu_memory(bytes_per_block)
         else:
             budget = EngineConfig.CPU_KV_CACHE_BYTES
         return max(1, int(budget // bytes_per_block))
 
-    def _profile_free_gpu_memory(self) -> int:
-        """Run one forward at the full token budget, then give the KV cache
-        what is left of gpu_memory_utilization after the peak."""
+    def _profile_free_gpu_memory(self, bytes_per_block: int) -> int:
+        """Run one forward at the full token budget, then give the KV cache what
+        gpu_memory_utilization of the device leaves after everything in use on it
+        (gpuworker/engine/gpu_memory.py)."""
+        from inferq.gpuworker.engine.cuda_graphs import capture_sizes
+        from inferq.gpuworker.engine.gpu_memory import kv_cache_budget, margin_bytes, profile_device_memory
         from inferq.gpuworker.engine.profiling import peak_activation_bytes
 
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats(self.device)
-        peak_activation_bytes(self)
-        total = torch.cuda.get_device_properties(self.device).total_memory
-        used = torch.cuda.max_memory_allocated(self.device)
-        return max(0, int(total * self.config.gpu_memory_utilization) - used)
+        cfg = self.config
+        memory = profile_device_memory(self.device, lambda: peak_activation_bytes(self))
+        graph_batch = capture_sizes(cfg.max_num_seqs)[-1] if self._captures_cuda_graphs() else 0
+        margin = margin_bytes(memory, cfg.max_num_batched_tokens, graph_batch, cfg.max_num_seqs,
+                              self.model_config.vocab_size)
+        budget = kv_cache_budget(memory, cfg.gpu_memory_utilization, margin, self.device, bytes_per_block)
+        log.info("KV cache gets %.2f GiB of %s: %.2f GiB x %g, less %.2f GiB in use, %.2f GiB step peak, "
+                 "%.2f GiB graphs and sampler", budget / 1024**3, self.device, memory.total / 1024**3,
+                 cfg.gpu_memory_utilization, memory.in_use / 1024**3, memory.step_peak / 1024**3, margin / 1024**3)
+        return budget
 
     # -- requests -------------------------------------------------------------
     def add_request(
