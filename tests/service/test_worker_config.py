@@ -103,3 +103,13 @@ def test_cpu_threads_leave_one_core_to_the_queue_work(monkeypatch):
         assert s.torch_threads == 1 and set_cpu_threads(s) == 1 == torch.get_num_threads()
     finally:
         torch.set_num_threads(before)
+
+
+def test_gpu_memory_share_and_cuda_graphs_are_worker_settings(monkeypatch):
+    """INFERQ_GPU_MEMORY_UTILIZATION and INFERQ_CUDA_GRAPHS reach the engine's config."""
+    from inferq.gpuworker.service.settings import WorkerSettings
+
+    monkeypatch.setenv("INFERQ_GPU_MEMORY_UTILIZATION", "0.5")
+    monkeypatch.setenv("INFERQ_CUDA_GRAPHS", "false")
+    cfg = WorkerSettings().engine_config()
+    assert cfg.gpu_memory_utilization == 0.5 and cfg.cuda_graphs is False
