@@ -10,6 +10,10 @@ The grammar masks of a step are filled by llguidance outside the GIL on a helper
 thread started *before* the forward pass (``begin``), so on a CPU with a spare core
 the mask costs no step time; ``apply`` waits for it, then applies all masks of the
 batch in one vectorised op (bitmask -> bool -> ``masked_fill_``).
+
+Nothing here makes the host wait for a GPU: the banned ids of the step and the
+grammar bitmask go to the device in one non-blocking copy (``host_upload``), and
+nothing is read back.
 """
 from __future__ import annotations
 
@@ -21,6 +25,8 @@ import llguidance
 import llguidance.numpy as llg_np
 import numpy as np
 import torch
+
+from inferq.gpuworker.engine.host_upload import Upload
 
 _NEG_INF = float("-inf")
 
@@ -75,27 +81,38 @@ class LogitsShaper:
 
     def apply(self, logits: torch.Tensor, reqs: list, pending: Optional[PendingMasks]) -> None:
         """Shape ``logits`` ([rows, vocab], float, owned by the caller) in place."""
+        vocab = logits.shape[1]
+        up = Upload(logits.device)
+        ban_rows, ban_ids = [], []  # (row, token) pairs banned until min_tokens are out
         for i, r in enumerate(reqs):
             p = r.params
             if p.logit_bias:
                 ids, vals = _bias_tensors(r, logits.device)
                 logits[i].index_add_(0, ids, vals)
             if p.min_tokens and len(r.output_token_ids) < p.min_tokens:
-                banned = sorted(set(r.eos_token_ids) | set(p.stop_token_ids))
-                banned = [t for t in banned if t < logits.shape[1]]
-                if banned:
-                    logits[i, banned] = _NEG_INF
+                banned = [t for t in sorted(set(r.eos_token_ids) | set(p.stop_token_ids)) if t < vocab]
+                ban_rows += [i] * len(banned)
+                ban_ids += banned
+        rows_t, ids_t = (up.add(ban_rows, torch.int64), up.add(ban_ids, torch.int64)) if ban_ids else (None, None)
+        words = None
+        if pending is not None:
+            pending.future.result()  # the helper thread has filled the bitmask
+            if logits.device.type != "cpu":
+                words = up.add(pending.bitmask, torch.int32)
+        up.send()
+        if ids_t is not None:
+            logits[rows_t.t, ids_t.t] = _NEG_INF
         if pending is None:
             return
-        pending.future.result()
-        allowed = self._unpack(pending.bitmask, logits.shape[1], logits.device)
+        device_words = None if words is None else words.t.view(pending.bitmask.shape)
+        allowed = self._unpack(pending.bitmask, device_words, vocab)
         rows = pending.rows
         for j, i in enumerate(rows):
             if reqs[i].matcher.is_error():
                 # Cannot happen with a valid mask; never sample from an all -inf row:
                 # allow EOS only, so the request ends instead of drawing NaNs.
                 allowed[j].zero_()
-                allowed[j, list(reqs[i].eos_token_ids)[:1] or [0]] = True
+                allowed[j, next(iter(reqs[i].eos_token_ids), 0)] = True
         if len(rows) == logits.shape[0]:
             logits.masked_fill_(~allowed, _NEG_INF)
         else:
@@ -103,9 +120,10 @@ class LogitsShaper:
                 logits[i].masked_fill_(~allowed[j], _NEG_INF)
 
     @staticmethod
-    def _unpack(bitmask: np.ndarray, width: int, device: torch.device) -> torch.Tensor:
-        """[rows, words] int32 bitmask (bit k of word w = token 32w+k) -> [rows, width] bool."""
-        out = unpack_on_host(bitmask) if device.type == "cpu" else unpack_on_device(torch.from_numpy(bitmask).to(device))
+    def _unpack(bitmask: np.ndarray, device_words: Optional[torch.Tensor], width: int) -> torch.Tensor:
+        """[rows, words] int32 bitmask (bit k of word w = token 32w+k) -> [rows, width] bool;
+        ``device_words``: the bitmask already on the device (None: unpack on the host, CPU)."""
+        out = unpack_on_host(bitmask) if device_words is None else unpack_on_device(device_words)
         if out.shape[1] < width:  # logits wider than the tokenizer's vocabulary: padding ids are never allowed
             out = torch.nn.functional.pad(out, (0, width - out.shape[1]), value=False)
         return out[:, :width]
@@ -131,7 +149,9 @@ def _bias_tensors(req, device):
     cached = req.bias_tensors
     if cached is None or cached[0].device != device:
         items = sorted(req.params.logit_bias.items())
-        cached = (torch.tensor([k for k, _ in items], dtype=torch.long, device=device),
-                  torch.tensor([v for _, v in items], dtype=torch.float32, device=device))
+        up = Upload(device)
+        ids, vals = up.add([k for k, _ in items], torch.int64), up.add([v for _, v in items], torch.float32)
+        up.send()
+        cached = (ids.t, vals.t)
         req.bias_tensors = cached
     return cached

@@ -23,9 +23,16 @@ class PenaltyTokens:
         if with_prompt:
             ids = np.unique(np.asarray(prompt_token_ids, dtype=np.int64))
             ids = ids[(ids >= 0) & (ids < vocab_size)]  # a tokenizer larger than the head
-            self.prompt = torch.from_numpy(ids).to(device)
+            self.prompt = _to_device(torch.from_numpy(ids), torch.device(device))
         self._out = TokenMirror()
 
     def outputs(self, output_token_ids: list[int]) -> np.ndarray:
         """The output ids as a host array (a view: valid until the next call)."""
         return self._out.sync(output_token_ids)
+
+
+def _to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A non-blocking copy from pinned memory: a plain ``.to(cuda)`` waits for the GPU's queue."""
+    if device.type != "cuda":
+        return host.to(device)
+    return host.pin_memory().to(device, non_blocking=True)

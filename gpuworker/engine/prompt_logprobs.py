@@ -38,5 +38,4 @@ def collect_prompt_logprobs(model, hidden: torch.Tensor, scheduled, query_start_
             b = min(last, a + _ROWS_PER_SLICE)
             rows = torch.arange(a - start, b - start, device=hidden.device) + query_start_loc[i]
             logits = model.compute_logits(hidden.index_select(0, rows))
-            nxt = torch.tensor(req.prompt_token_ids[a + 1 : b + 1], dtype=torch.long)
-            out.extend(prompt_logprobs_of(logits, nxt, top_n))
+            out.extend(prompt_logprobs_of(logits, req.prompt_token_ids[a + 1 : b + 1], top_n))

@@ -22,7 +22,7 @@ shares the batch (given the same logits); unseeded rows share one batched draw
 from the global RNG.
 
 Rows without top-k (plain temperature, min-p, top-p; the usual case) never
-sort: ``_sample_nucleus`` draws from the min-p'd distribution and accepts the
+sort on CPU: ``_sample_nucleus`` draws from the min-p'd distribution and accepts the
 token if it lies in the top-p nucleus, else redraws among the tokens ranked
 before it (rejection with a pivot, as FlashInfer does; exact, see there). Rows
 with top-k work on a partial sort of their k best tokens. Rows that report
@@ -32,8 +32,19 @@ reused scratch buffers; exponential-race (Gumbel) sampling was measured and not
 taken: one exponential per logit costs ~20x the whole draw on CPU.
 
 The all-greedy batch without penalties or logprobs is one argmax
-(``greedy_argmax``), nothing else. Everything else builds its per-row parameter
-tensors once per call.
+(``greedy_argmax``), nothing else. Everything else is planned on the host from
+the rows' parameters first (``_StepPlan``: which rows take which path, the
+penalty indices, the per-row parameters), and the index and parameter tensors
+reach the device in ONE non-blocking copy from pinned memory (``host_upload.Upload``).
+
+On a GPU the host waits for the device only once a step: the read of the
+sampled tokens, with the logprobs packed into the same tensor. Nothing is
+decided by reading the device (no ``bool(t.any())``, ``nonzero``, ``.tolist()``
+of intermediate results, nor ``torch.tensor(list, device=cuda)``, a blocking
+copy). The CPU keeps the paths that branch on values (blocked argmax, chunked
+rejection for top-p), where a read costs nothing (``_reads_are_free``); on a
+device, top-p rows sort instead (as vLLM's PyTorch sampler does), since
+rejection needs every round's acceptance on the host.
 
 Prompt logprobs (``prompt_logprobs_of``) are the log-softmax of the model's
 logits at each prompt position, for the next prompt token: raw, as in vLLM.
@@ -47,6 +58,7 @@ from typing import Optional
 import numpy as np
 import torch
 
+from inferq.gpuworker.engine.host_upload import Upload
 from inferq.gpuworker.engine.penalty_tokens import PenaltyTokens
 from inferq.schemas import SamplingParams
 
@@ -83,6 +95,15 @@ def make_generator(seed: Optional[int], device="cpu") -> Optional[torch.Generato
     return g
 
 
+def _reads_are_free(device: torch.device) -> bool:
+    """On the CPU a tensor's values are host memory: its paths may branch on them
+    (blocked argmax, rejection rounds). On a GPU every read, ``bool()`` or
+    ``nonzero()`` waits until all queued kernels have run, so the device paths
+    decide from the request parameters (known on the host) and read only the
+    sampled tokens."""
+    return device.type == "cpu"
+
+
 # CPU argmax works on blocks of this many logits (see greedy_argmax).
 _ARGMAX_BLOCK = 512
 
@@ -99,7 +120,7 @@ def greedy_argmax(logits: torch.Tensor) -> torch.Tensor:
     Same result as ``argmax``, ties included (first block, then first index in it).
     NaN rows fall back to ``argmax`` (NaN counts as the maximum there).
     """
-    if logits.device.type != "cpu" or logits.shape[-1] <= 2 * _ARGMAX_BLOCK:
+    if not _reads_are_free(logits.device) or logits.shape[-1] <= 2 * _ARGMAX_BLOCK:
         return logits.argmax(dim=-1)
     rows, vocab = logits.shape
     if rows == 1:  # one row: the per-op overhead of the blocked form outweighs it
@@ -134,6 +155,133 @@ def _is_plain_greedy(p: SamplingParams) -> bool:
     return p.temperature < _GREEDY_EPS and p.logprobs is None and not p.uses_penalties and not p.shapes_logits
 
 
+class _RowParams:
+    """Sampling parameters of a set of rows: host arrays, for the decisions the device
+    paths must make without reading the device, and the same as device tensors."""
+
+    def __init__(self, params: list[SamplingParams], vocab: int, up: Upload):
+        self.params = params
+        self.temperature = up.add([p.temperature for p in params], torch.float32)
+        self.top_p = up.add([p.top_p for p in params], torch.float32)
+        self.top_p_cut = up.add([p.top_p if p.top_p < 1.0 else 2.0 for p in params], torch.float32)  # 2: keep all
+        self.min_p = up.add([p.min_p for p in params], torch.float32)
+        self.top_k = up.add([p.top_k if 0 < p.top_k < vocab else vocab for p in params], torch.int64)
+        # Top-p without top-k: normalised over the whole (min-p'd) row.
+        self.nucleus_only = up.add([p.top_p < 1.0 and not 0 < p.top_k < vocab for p in params], torch.bool)
+        self.max_k = max((p.top_k for p in params if 0 < p.top_k < vocab), default=0)
+        self.any_min_p = any(p.min_p > 0.0 for p in params)
+
+    @classmethod
+    def on(cls, params: list[SamplingParams], vocab: int, device: torch.device) -> "_RowParams":
+        up = Upload(device)
+        cols = cls(params, vocab, up)
+        up.send()
+        return cols
+
+
+class _Group:
+    """Sampling rows that take one path (``kind``): their positions among the step's
+    sampling rows, their logits rows, and their parameters."""
+
+    def __init__(self, kind: str, pos: list[int], rows: list[int], params: list[SamplingParams], vocab: int,
+                 up: Upload):
+        self.kind, self.pos, self.rows = kind, pos, rows
+        self.pos_t = up.add(pos, torch.int64)
+        self.rows_t = up.add(rows, torch.int64)
+        self.cols = _RowParams(params, vocab, up)
+
+
+def _sampling_groups(idx: list[int], params: list[SamplingParams], want_processed: list[bool], vocab: int,
+                     device: torch.device, up: Upload) -> list[_Group]:
+    """Rows without top-k that do not report processed logits take the fast path
+    (temperature, min-p and top-p by rejection, in row chunks, never sorting); rows
+    with top-k sample among their k best tokens (a partial sort); processed-logprob
+    rows keep the explicit-mask paths. On a device, rejection would read every
+    round's acceptance on the host, so top-p rows take the sorted path there."""
+    ks = [p.top_k if 0 < p.top_k < vocab else vocab for p in params]
+    rejection_ok = _reads_are_free(device)
+    fast = [j for j, p in enumerate(params)
+            if ks[j] >= vocab and not want_processed[j] and (rejection_ok or p.top_p >= 1.0)]
+    fast_set = set(fast)
+    truncated = [j for j, p in enumerate(params) if j not in fast_set and (ks[j] < vocab or p.top_p < 1.0)]
+    plain = [j for j, p in enumerate(params) if j not in fast_set and ks[j] >= vocab and p.top_p >= 1.0]
+    return [_Group(kind, group, [idx[j] for j in group], [params[j] for j in group], vocab, up)
+            for kind, group in (("nucleus", fast), ("full", plain), ("truncated", truncated)) if group]
+
+
+class _Penalties:
+    """One step's penalty inputs, built on the host: flat ids (row * vocab + token) of
+    every penalised row's output tokens, and of its prompt where a repetition penalty
+    applies, with per-row factors (1 / 0 for rows without that penalty).
+
+    Each row's token history comes from its ``PenaltyTokens`` (prompt ids already a
+    device tensor; output ids a host array); no data-dependent sizes (``unique``,
+    ``repeat_interleave`` over a device tensor) that would make a GPU wait."""
+
+    def __init__(self, rows: list[SamplingRow], idx: list[int], vocab: int, device: torch.device, up: Upload):
+        n = len(rows)
+        ps = [rows[i].params for i in idx]
+        hist = [rows[i].penalty_tokens or PenaltyTokens(rows[i].prompt_token_ids, vocab, device,
+                                                        rows[i].params.repetition_penalty != 1.0) for i in idx]
+        outs = [h.outputs(rows[i].output_token_ids) for h, i in zip(hist, idx)]
+        out_ids = np.concatenate(outs) if outs else np.empty(0, dtype=np.int64)
+        out_flat = np.repeat(np.asarray(idx, dtype=np.int64) * vocab, [len(o) for o in outs]) + out_ids
+        out_flat = out_flat[(out_ids >= 0) & (out_ids < vocab)]
+        self.out_flat = up.add(out_flat, torch.int64)
+
+        rep_pos = [j for j, p in enumerate(ps) if p.repetition_penalty != 1.0]
+        self.prompts = [hist[j].prompt for j in rep_pos]
+        self.repetition = self.prompt_offsets = None
+        if rep_pos:
+            rep = np.ones(n, dtype=np.float32)
+            rep[[idx[j] for j in rep_pos]] = [ps[j].repetition_penalty for j in rep_pos]
+            self.repetition = up.add(rep, torch.float32)
+            row_starts = np.asarray([idx[j] * vocab for j in rep_pos], dtype=np.int64)
+            self.prompt_offsets = up.add(np.repeat(row_starts, [t.numel() for t in self.prompts]), torch.int64)
+
+        self.frequency = self.presence = None
+        if out_flat.size and any(p.frequency_penalty or p.presence_penalty for p in ps):
+            freq, pres = np.zeros(n, dtype=np.float32), np.zeros(n, dtype=np.float32)
+            freq[idx] = [p.frequency_penalty for p in ps]
+            pres[idx] = [p.presence_penalty for p in ps]
+            self.frequency, self.presence = up.add(freq, torch.float32), up.add(pres, torch.float32)
+
+
+class _StepPlan:
+    """What a step decides from its rows' parameters, all on the host before any kernel
+    runs; the index and parameter tensors it needs reach the device in one upload."""
+
+    def __init__(self, rows: list[SamplingRow], vocab: int, device: torch.device):
+        n = len(rows)
+        params = self.params = [r.params for r in rows]
+        greedy = [_is_greedy(p) for p in params]
+        self.want_lp = [p.logprobs is not None for p in params]
+        self.modes = [p.logprobs_mode if w else None for p, w in zip(params, self.want_lp)]
+        self.want_processed = [m is not None and m.startswith("processed") for m in self.modes]
+        up = Upload(device)
+
+        penalised = [i for i in range(n) if params[i].uses_penalties]
+        self.penalties = _Penalties(rows, penalised, vocab, device, up) if penalised else None
+        self.raw_wanted = any(w and not p for w, p in zip(self.want_lp, self.want_processed))
+
+        self.sample_idx = [i for i in range(n) if not greedy[i]]
+        self.sample_idx_t = up.add(self.sample_idx, torch.int64)
+        self.greedy = greedy
+        self.gens = [rows[i].generator for i in self.sample_idx]
+        need_processed = [self.want_processed[i] for i in self.sample_idx]
+        self.need_processed = need_processed
+        self.groups = _sampling_groups(self.sample_idx, [params[i] for i in self.sample_idx], need_processed,
+                                       vocab, device, up)
+
+        self.lp_rows = [i for i in range(n) if self.want_lp[i]]
+        self.lp_rows_t = up.add(self.lp_rows, torch.int64)
+        as_logprobs = [self.modes[i].endswith("logprobs") for i in self.lp_rows]
+        self.all_as_logprobs, self.none_as_logprobs = all(as_logprobs), not any(as_logprobs)
+        self.as_logprobs_t = up.add(as_logprobs, torch.bool)
+        self.top_n = max((params[i].logprobs for i in self.lp_rows), default=0)
+        up.send()
+
+
 class Sampler:
     def __call__(self, logits: torch.Tensor, rows: list[SamplingRow], owned: bool = False) -> SamplerOutput:
         """``owned``: the caller hands ``logits`` over (it will not read them again),
@@ -152,101 +300,61 @@ class Sampler:
         if all(_is_plain_greedy(r.params) for r in rows):
             return SamplerOutput(greedy_argmax(logits).tolist(), [None] * n)
 
-        params = [r.params for r in rows]
-        greedy = [_is_greedy(p) for p in params]
-        penal = [p.uses_penalties for p in params]
-        want_lp = [p.logprobs is not None for p in params]
-        modes = [p.logprobs_mode if w else None for p, w in zip(params, want_lp)]
-        want_processed = [m is not None and m.startswith("processed") for m in modes]
-
+        plan = _StepPlan(rows, logits.shape[1], logits.device)
         raw = logits.float()
         logits = raw
-        if any(penal):
-            raw_wanted = any(w and not p for w, p in zip(want_lp, want_processed))
-            if owned and not raw_wanted and raw.is_contiguous():
+        if plan.penalties is not None:
+            if owned and not plan.raw_wanted and raw.is_contiguous():
                 logits = raw  # nobody reads the unpenalised logits again
             else:
                 logits = raw.clone(memory_format=torch.contiguous_format)  # never modify the caller's tensor
-            self._apply_penalties(logits, rows, [i for i in range(n) if penal[i]])
+            self._apply_penalties(logits, plan.penalties)
 
-        sample_idx = [i for i in range(n) if not greedy[i]]
-        need_processed = [want_processed[i] for i in sample_idx]
         processed = None  # full-vocabulary step-3 logits of the sampling rows that report them
-        if len(sample_idx) == n:
-            tokens, processed = self._sample(logits, rows, sample_idx, need_processed)
+        if len(plan.sample_idx) == n:
+            tokens, processed = self._sample(logits, plan)
         else:
             tokens = greedy_argmax(logits)
-            if sample_idx:
-                sampled, processed = self._sample(logits, rows, sample_idx, need_processed)
-                tokens[torch.tensor(sample_idx, device=tokens.device)] = sampled
+            if plan.sample_idx:
+                sampled, processed = self._sample(logits, plan)
+                tokens[plan.sample_idx_t.t] = sampled
 
-        token_list = tokens.tolist()
-        lp_out: list[Optional[dict[int, float]]] = [None] * n
-        if any(want_lp):
-            # One source row per asking row: raw logits, penalised (greedy), or step-3 (sampling).
-            pos_in_sample = {i: j for j, i in enumerate(sample_idx)}
-            src_rows = []
-            for i in range(n):
-                if not want_lp[i]:
-                    continue
-                if not want_processed[i]:
-                    src_rows.append(raw[i])
-                elif greedy[i]:
-                    src_rows.append(logits[i])
-                else:
-                    src_rows.append(processed[pos_in_sample[i]])
-            lp_out = self._gather_logprobs(torch.stack(src_rows), tokens, params, want_lp, modes)
-        return SamplerOutput(token_list, lp_out)
+        if not plan.lp_rows:
+            return SamplerOutput(tokens.tolist(), [None] * n)
+        # One source row per asking row: raw logits, penalised (greedy), or step-3 (sampling).
+        pos_in_sample = {i: j for j, i in enumerate(plan.sample_idx)}
+        src_rows = []
+        for i in plan.lp_rows:
+            if not plan.want_processed[i]:
+                src_rows.append(raw[i])
+            elif plan.greedy[i]:
+                src_rows.append(logits[i])
+            else:
+                src_rows.append(processed[pos_in_sample[i]])
+        return self._read_with_logprobs(torch.stack(src_rows), tokens, plan)
 
     # ------------------------------------------------------------------ penalties
     @staticmethod
-    def _apply_penalties(logits: torch.Tensor, rows: list[SamplingRow], idx: list[int]) -> None:
+    def _apply_penalties(logits: torch.Tensor, pen: _Penalties) -> None:
         """In place on the contiguous ``logits``, touching only the tokens seen.
 
         Works on flat indices (row * vocab + token), so the cost follows the
-        number of prompt/output tokens, not rows x vocab. Each row's token
-        history comes from its ``PenaltyTokens`` (prompt ids already a device
-        tensor; output ids a host array): one host->device copy of the output
-        ids a step, and no data-dependent sizes (``unique``) that would make a
-        GPU wait.
+        number of prompt/output tokens, not rows x vocab.
         """
         device = logits.device
         vocab = logits.shape[1]
         flat = logits.view(-1)
-        ps = [rows[i].params for i in idx]
-        hist = [rows[i].penalty_tokens or PenaltyTokens(rows[i].prompt_token_ids, vocab, device,
-                                                        rows[i].params.repetition_penalty != 1.0) for i in idx]
-
-        # Output ids of every penalised row, flattened on the host, then one copy.
-        outs = [h.outputs(rows[i].output_token_ids) for h, i in zip(hist, idx)]
-        out_ids = np.concatenate(outs) if outs else np.empty(0, dtype=np.int64)
-        out_flat = np.repeat(np.asarray(idx, dtype=np.int64) * vocab, [len(o) for o in outs]) + out_ids
-        out_flat = out_flat[(out_ids >= 0) & (out_ids < vocab)]
-        out_flat = torch.from_numpy(out_flat).to(device, non_blocking=True)
-
-        rep_pos = [j for j, p in enumerate(ps) if p.repetition_penalty != 1.0]
-        if rep_pos:
-            rep = torch.ones(logits.shape[0], device=device, dtype=logits.dtype)
-            rep[torch.tensor([idx[j] for j in rep_pos], device=device)] = torch.tensor(
-                [ps[j].repetition_penalty for j in rep_pos], device=device, dtype=logits.dtype
-            )
-            prompts = [hist[j].prompt for j in rep_pos]
-            offsets = torch.tensor([idx[j] * vocab for j in rep_pos], device=device)
-            lengths = torch.tensor([t.numel() for t in prompts], device=device)
-            seen = torch.cat([torch.cat(prompts) + offsets.repeat_interleave(lengths), out_flat])
+        out_flat = pen.out_flat.t
+        if pen.repetition is not None:
+            seen = torch.cat([torch.cat(pen.prompts) + pen.prompt_offsets.t, out_flat])
             # A token seen twice is written twice with the same value (both read
             # the unpenalised logit), so no unique() is needed; rows without a
             # repetition penalty divide by 1.
-            r = rep[seen // vocab]
+            r = pen.repetition.t[seen // vocab]
             vals = flat[seen]
             flat[seen] = torch.where(vals > 0, vals / r, vals * r)
 
-        if out_flat.numel() and any(p.frequency_penalty or p.presence_penalty for p in ps):
-            freq = torch.zeros(logits.shape[0], device=device, dtype=logits.dtype)
-            pres = torch.zeros_like(freq)
-            sel = torch.tensor(idx, device=device)
-            freq[sel] = torch.tensor([p.frequency_penalty for p in ps], device=device, dtype=logits.dtype)
-            pres[sel] = torch.tensor([p.presence_penalty for p in ps], device=device, dtype=logits.dtype)
+        if pen.frequency is not None:
             # Count each distinct (row, token) without unique(): sort, mark where a
             # new value starts, number the runs, and count per run.
             tok = out_flat.sort().values
@@ -257,122 +365,108 @@ class Sampler:
                 0, run, torch.ones_like(tok, dtype=logits.dtype))[run]
             row = tok // vocab
             # Every copy of a token writes the same value: logit - (freq x count + presence).
-            flat[tok] = flat[tok] - (freq[row] * count + pres[row])
+            flat[tok] = flat[tok] - (pen.frequency.t[row] * count + pen.presence.t[row])
 
     # ------------------------------------------------------------------- sampling
     @staticmethod
-    def _sample(
-        logits: torch.Tensor, rows: list[SamplingRow], idx: list[int], want_processed: list[bool]
-    ) -> tuple[torch.Tensor, Optional[list[Optional[torch.Tensor]]]]:
-        """Draw one token for each row in ``idx`` (all with temperature > 0).
+    def _sample(logits: torch.Tensor, plan: _StepPlan) -> tuple[torch.Tensor, Optional[list[Optional[torch.Tensor]]]]:
+        """Draw one token for each sampling row (temperature > 0).
 
-        Also returns, per row of ``idx`` that ``want_processed``, its step-3
+        Also returns, per sampling row that wants processed logprobs, its step-3
         logits over the whole vocabulary (None for the others; None overall
         when no row wants them).
         """
         device = logits.device
-        vocab = logits.shape[1]
-        ps = [rows[i].params for i in idx]
-        gens = [rows[i].generator for i in idx]
-
+        num = len(plan.sample_idx)
         # Inverse CDF needs one uniform per row. Seeded rows take theirs from
         # their own generator, so their draw does not depend on the batch.
-        u = _uniforms(gens, device)
-
-        # Rows without top-k that do not report processed logits (the usual case)
-        # take the fast path: temperature, min-p and top-p by rejection, in row
-        # chunks, never sorting. Rows with top-k sample among their k best tokens (a
-        # partial sort); processed-logprob rows keep the explicit-mask paths.
-        ks = [p.top_k if 0 < p.top_k < vocab else vocab for p in ps]
-        fast = [j for j in range(len(idx)) if ks[j] >= vocab and not want_processed[j]]
-        fast_set = set(fast)
-        truncated = [j for j, p in enumerate(ps) if j not in fast_set and (ks[j] < vocab or p.top_p < 1.0)]
-        plain = [j for j in range(len(idx)) if j not in fast_set and ks[j] >= vocab and ps[j].top_p >= 1.0]
-        picked = torch.empty(len(idx), dtype=torch.long, device=device)
-        processed: Optional[list[Optional[torch.Tensor]]] = [None] * len(idx) if any(want_processed) else None
-        if fast:
-            g_u = u if len(fast) == len(idx) else u[torch.tensor(fast, device=device)]
-            tokens = _sample_nucleus(logits, [idx[j] for j in fast], [ps[j] for j in fast],
-                                     [gens[j] for j in fast], g_u)
-            if len(fast) == len(idx):
+        u = _uniforms(plan.gens, device)
+        processed: Optional[list[Optional[torch.Tensor]]] = [None] * num if any(plan.need_processed) else None
+        picked = None
+        for g in plan.groups:
+            whole = len(g.pos) == num
+            g_u = u if whole else u[g.pos_t.t]
+            if g.kind == "nucleus":
+                tokens = _sample_nucleus(logits, g.rows, g.rows_t.t, g.cols, [plan.gens[j] for j in g.pos], g_u)
+            else:
+                g_logits = logits if len(g.rows) == logits.shape[0] else logits.index_select(0, g.rows_t.t)
+                keep = processed is not None and any(plan.need_processed[j] for j in g.pos)
+                fn = _sample_full if g.kind == "full" else _sample_truncated
+                # Division makes a new tensor: the caller's logits stay as they were.
+                tokens, g_processed = fn(g_logits / g.cols.temperature.t[:, None], g.cols, g_u, keep)
+                if g_processed is not None:
+                    for k, j in enumerate(g.pos):
+                        if plan.need_processed[j]:
+                            processed[j] = g_processed[k]
+            if whole:
                 return tokens, processed
-            picked[torch.tensor(fast, device=device)] = tokens
-        for group, fn in ((plain, _sample_full), (truncated, _sample_truncated)):
-            if not group:
-                continue
-            sel = torch.tensor([idx[j] for j in group], device=device)
-            g_logits = logits if len(group) == logits.shape[0] else logits.index_select(0, sel)
-            g_params = [ps[j] for j in group]
-            temp = torch.tensor([p.temperature for p in g_params], device=device, dtype=logits.dtype)
-            g_u = u if len(group) == len(idx) else u[torch.tensor(group, device=device)]
-            keep = processed is not None and any(want_processed[j] for j in group)
-            # Division makes a new tensor: the caller's logits stay as they were.
-            tokens, g_processed = fn(g_logits / temp[:, None], g_params, g_u, keep)
-            if g_processed is not None:
-                for k, j in enumerate(group):
-                    if want_processed[j]:
-                        processed[j] = g_processed[k]
-            if len(group) == len(idx):
-                return tokens, processed
-            picked[torch.tensor(group, device=device)] = tokens
+            if picked is None:
+                picked = torch.empty(num, dtype=torch.long, device=device)
+            picked[g.pos_t.t] = tokens
         return picked, processed
 
     # ------------------------------------------------------------------- logprobs
     @staticmethod
-    def _gather_logprobs(
-        src: torch.Tensor,
-        tokens: torch.Tensor,
-        params: list[SamplingParams],
-        want: list[bool],
-        modes: list[Optional[str]],
-    ) -> list[Optional[dict[int, float]]]:
-        """Top-N (best first) plus the sampled token, for the rows that asked.
+    def _read_with_logprobs(src: torch.Tensor, tokens: torch.Tensor, plan: _StepPlan) -> SamplerOutput:
+        """The tokens, and top-N (best first) plus the sampled token for the rows that
+        asked, in ONE device->host read.
 
-        ``src`` holds one row per asking row (in order): logits to report as
-        they are (``*_logits`` modes) or to log-softmax (``*_logprobs``).
+        ``src`` holds one row per asking row (in order): logits to report as they
+        are (``*_logits`` modes) or to log-softmax (``*_logprobs``).
         """
-        idx = [i for i, w in enumerate(want) if w]
-        as_logprobs = torch.tensor([modes[i].endswith("logprobs") for i in idx], device=src.device)
-        lp = torch.where(as_logprobs[:, None], torch.log_softmax(src, dim=-1), src)
-        chosen = tokens.index_select(0, torch.tensor(idx, device=tokens.device)).to(src.device)
-        chosen_lp = lp.gather(1, chosen[:, None])[:, 0].tolist()
-        chosen_ids = chosen.tolist()
-        top_n = max(params[i].logprobs for i in idx)
-        top_vals = top_ids = None
-        if top_n > 0:
-            tv, ti = lp.topk(min(top_n, lp.shape[1]), dim=-1)  # sorted, best first
-            top_vals, top_ids = tv.tolist(), ti.tolist()
-        out: list[Optional[dict[int, float]]] = [None] * len(params)
-        for j, i in enumerate(idx):
-            want_n = params[i].logprobs
+        if plan.all_as_logprobs:
+            lp = torch.log_softmax(src, dim=-1)
+        elif plan.none_as_logprobs:
+            lp = src
+        else:
+            lp = torch.where(plan.as_logprobs_t.t[:, None], torch.log_softmax(src, dim=-1), src)
+        chosen = tokens.index_select(0, plan.lp_rows_t.t)
+        parts = [tokens.double(), lp.gather(1, chosen[:, None])[:, 0].double()]
+        width = min(plan.top_n, lp.shape[1])
+        if width > 0:
+            tv, ti = lp.topk(width, dim=-1)  # sorted, best first
+            parts += [tv.double().reshape(-1), ti.double().reshape(-1)]
+        # Token ids and fp32 values are exact in float64: one tensor, one read.
+        values = torch.cat(parts).tolist()
+        n, m = tokens.shape[0], len(plan.lp_rows)
+        token_ids = [int(t) for t in values[:n]]
+        chosen_lp = values[n : n + m]
+        tops = values[n + m :]
+        out: list[Optional[dict[int, float]]] = [None] * n
+        for j, i in enumerate(plan.lp_rows):
+            want_n = plan.params[i].logprobs
             d: dict[int, float] = {}
-            if want_n and top_ids is not None:
-                for tid, v in zip(top_ids[j][:want_n], top_vals[j][:want_n]):
-                    d[int(tid)] = float(v)
-            d.setdefault(int(chosen_ids[j]), float(chosen_lp[j]))
+            if want_n and width > 0:
+                at = j * width
+                for v, tid in zip(tops[at : at + want_n], tops[m * width + at : m * width + at + want_n]):
+                    d[int(tid)] = v
+            d.setdefault(token_ids[i], chosen_lp[j])
             out[i] = d
-        return out
+        return SamplerOutput(token_ids, out)
 
 
-def prompt_logprobs_of(
-    logits: torch.Tensor, next_ids: torch.Tensor, top_n: int
-) -> list[dict[int, float]]:
+def prompt_logprobs_of(logits: torch.Tensor, next_ids: list[int], top_n: int) -> list[dict[int, float]]:
     """For each row (a prompt position): log-softmax of the raw logits, as
     {token: logprob} with the top ``top_n`` (best first) plus the actual next
-    prompt token ``next_ids[row]``."""
+    prompt token ``next_ids[row]``; one device->host read."""
     lp = torch.log_softmax(logits.float(), dim=-1)
-    chosen = lp.gather(1, next_ids[:, None].to(lp.device))[:, 0].tolist()
-    ids = next_ids.tolist()
-    tops = lp.topk(min(top_n, lp.shape[1]), dim=-1) if top_n > 0 else None
-    tv = tops.values.tolist() if tops is not None else None
-    ti = tops.indices.tolist() if tops is not None else None
+    up = Upload(lp.device)
+    nxt = up.add(next_ids, torch.int64)
+    up.send()
+    parts = [lp.gather(1, nxt.t[:, None])[:, 0].double()]
+    width = min(top_n, lp.shape[1]) if top_n > 0 else 0
+    if width:
+        tops = lp.topk(width, dim=-1)
+        parts += [tops.values.double().reshape(-1), tops.indices.double().reshape(-1)]
+    values = torch.cat(parts).tolist()
+    rows = lp.shape[0]
     out = []
-    for r in range(lp.shape[0]):
+    for r in range(rows):
         d: dict[int, float] = {}
-        if ti is not None:
-            for tid, v in zip(ti[r], tv[r]):
-                d[int(tid)] = float(v)
-        d.setdefault(int(ids[r]), float(chosen[r]))
+        at = rows + r * width
+        for v, tid in zip(values[at : at + width], values[at + rows * width : at + rows * width + width]):
+            d[int(tid)] = v
+        d.setdefault(int(next_ids[r]), values[r])
         out.append(d)
     return out
 
@@ -382,12 +476,11 @@ def prompt_logprobs_of(
 _PARTIAL_WIDTHS = (1024, 8192)
 
 
-def _min_p_floor(best: torch.Tensor, params: list[SamplingParams]) -> Optional[torch.Tensor]:
+def _min_p_floor(best: torch.Tensor, cols: _RowParams) -> Optional[torch.Tensor]:
     """Per-row logit floor for min-p: p_i < min_p * p_max <=> logit_i < best + log(min_p)."""
-    if not any(p.min_p > 0.0 for p in params):
+    if not cols.any_min_p:
         return None
-    m = torch.tensor([p.min_p for p in params], device=best.device, dtype=best.dtype)
-    return best + torch.log(m)[:, None]  # log(0) = -inf: no floor
+    return best + torch.log(cols.min_p.t.to(best.dtype))[:, None]  # log(0) = -inf: no floor
 
 
 def _draw(logits: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
@@ -404,43 +497,47 @@ def _draw(logits: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     return torch.minimum(picked, last)
 
 
-def _apply_min_p(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+def _apply_min_p(logits: torch.Tensor, cols: _RowParams) -> torch.Tensor:
     """Mask tokens below min_p x the best probability (the row's own softmax)."""
-    floor = _min_p_floor(logits.max(dim=-1, keepdim=True).values, params)
+    floor = _min_p_floor(logits.max(dim=-1, keepdim=True).values, cols)
     return logits if floor is None else logits.masked_fill(logits < floor, float("-inf"))
 
 
 def _sample_full(
-    logits: torch.Tensor, params: list[SamplingParams], u: torch.Tensor, keep: bool
+    logits: torch.Tensor, cols: _RowParams, u: torch.Tensor, keep: bool
 ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Temperature-scaled rows without top-k/top-p: min-p, then draw over the vocabulary."""
-    logits = _apply_min_p(logits, params)
+    logits = _apply_min_p(logits, cols)
     return _draw(logits, u), (logits if keep else None)
 
 
 def _sample_truncated(
-    logits: torch.Tensor, params: list[SamplingParams], u: torch.Tensor, keep: bool
+    logits: torch.Tensor, cols: _RowParams, u: torch.Tensor, keep: bool
 ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """Min-p, then top-k, then top-p, then draw, within each row's best tokens."""
+    """Min-p, then top-k, then top-p, then draw, within each row's best tokens.
+
+    Where reads are free, a nucleus (top-p without top-k) first tries partial sorts
+    and widens when it does not fit; on a device, whether it fits is known only on
+    the device, so such rows sort their whole row at once."""
     vocab = logits.shape[1]
     device = logits.device
-    logits = _apply_min_p(logits, params)  # before top-k/top-p, as in vLLM V1
-    ks = torch.tensor([p.top_k if 0 < p.top_k < vocab else vocab for p in params], device=device)[:, None]
-    max_k = max((p.top_k for p in params if 0 < p.top_k < vocab), default=0)
-    nucleus_only = [p.top_p < 1.0 and not 0 < p.top_k < vocab for p in params]
+    logits = _apply_min_p(logits, cols)  # before top-k/top-p, as in vLLM V1
+    ks = cols.top_k.t[:, None]
+    any_nucleus = bool(cols.nucleus_only.host.any())
     # Top-p needs each row's normaliser: over its k kept tokens, or the whole
     # row (both after min-p: masked tokens carry no mass).
-    nucleus_t = torch.tensor(nucleus_only, device=device)
-    row_lse = torch.logsumexp(logits, dim=-1, keepdim=True) if any(nucleus_only) else None
-    top_p = torch.tensor([p.top_p if p.top_p < 1.0 else 2.0 for p in params], device=device)[:, None]
+    nucleus_t = cols.nucleus_only.t
+    row_lse = torch.logsumexp(logits, dim=-1, keepdim=True) if any_nucleus else None
+    top_p = cols.top_p_cut.t[:, None]
+    any_top_p = bool((cols.top_p_cut.host < 1.0).any())
 
-    widths = [w for w in _PARTIAL_WIDTHS if w > max_k and w < vocab] if any(nucleus_only) else []
-    widths = ([max_k] if not any(nucleus_only) else widths) + [vocab]
+    widths = [w for w in _PARTIAL_WIDTHS if cols.max_k < w < vocab] if any_nucleus and _reads_are_free(device) else []
+    widths = ([cols.max_k] if not any_nucleus else widths) + [vocab]
     for width in widths:
         vals, order = logits.topk(width, dim=-1) if width < vocab else logits.sort(dim=-1, descending=True)
         pos = torch.arange(width, device=device)[None, :]
         vals = vals.masked_fill(pos >= ks, float("-inf"))  # exactly k kept, ties broken by rank
-        if row_lse is not None or bool((top_p < 1.0).any()):
+        if row_lse is not None or any_top_p:
             norm = torch.logsumexp(vals, dim=-1, keepdim=True)
             if row_lse is not None:
                 norm = torch.where(nucleus_t[:, None], row_lse, norm)
@@ -449,7 +546,7 @@ def _sample_truncated(
             # best token always stays).
             vals = vals.masked_fill(probs.cumsum(dim=-1) - probs >= top_p, float("-inf"))
         # A nucleus (without top-k) that keeps all `width` tokens may go on past them.
-        if width < vocab and bool((torch.isfinite(vals[:, -1]) & nucleus_t).any()):
+        if width < vocab and any_nucleus and bool((torch.isfinite(vals[:, -1]) & nucleus_t).any()):
             continue
         tokens = order.gather(1, _draw(vals, u)[:, None])[:, 0]
         processed = None
@@ -465,7 +562,8 @@ def _uniforms(gens: list[Optional[torch.Generator]], device) -> torch.Tensor:
     u = torch.rand(len(gens), device=device)
     for j, g in enumerate(gens):
         if g is not None:
-            u[j] = torch.rand(1, generator=g, device=g.device).to(device)[0]
+            draw = torch.rand(1, generator=g, device=g.device)
+            u[j] = (draw if g.device == u.device else draw.to(device))[0]  # the engine's live on the device
     return u
 
 
@@ -506,7 +604,7 @@ def _draw_unnormalised(e: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, 
     rounding, a quarter of the work of a full-row cumsum."""
     rows, vocab = e.shape
     bk = _DRAW_BLOCK
-    if e.device.type != "cpu" or vocab < 4 * bk:
+    if not _reads_are_free(e.device) or vocab < 4 * bk:
         cdf = e.cumsum(dim=-1)
         total = cdf[:, -1:].contiguous()
         picked = torch.searchsorted(cdf, u[:, None] * total, right=True)
@@ -570,7 +668,8 @@ def _mass_before(e: torch.Tensor, tok: torch.Tensor) -> tuple[torch.Tensor, torc
 def _sample_nucleus(
     logits: torch.Tensor,
     row_ids: list[int],
-    params: list[SamplingParams],
+    rows_t: torch.Tensor,
+    cols: _RowParams,
     gens: list[Optional[torch.Generator]],
     u: torch.Tensor,
 ) -> torch.Tensor:
@@ -592,17 +691,18 @@ def _sample_nucleus(
     membership test) instead of a sort of the vocabulary; seeded rows take every
     uniform from their own generator, so their tokens still depend only on
     their logits and seed.
+
+    Rejection decides on the host whether to redraw, so it runs only where reads are
+    free; on a device this path gets rows without top-p (one draw, always accepted).
     """
     device = logits.device
     n, vocab = len(row_ids), logits.shape[1]
     out = torch.empty(n, dtype=torch.long, device=device)
-    temp_all = torch.tensor([p.temperature for p in params], device=device, dtype=torch.float32)
-    top_p_all = torch.tensor([p.top_p for p in params], device=device, dtype=torch.float32)
-    min_p_all = torch.tensor([p.min_p for p in params], device=device, dtype=torch.float32)
-    any_min_p = any(p.min_p > 0.0 for p in params)
-    cpu = device.type == "cpu"
-    chunk = _CHUNK_ROWS if cpu else max(1, n)
-    scratch = _scratch(vocab, device) if cpu else None
+    params = cols.params
+    temp_all, top_p_all, min_p_all = cols.temperature.t, cols.top_p.t, cols.min_p.t
+    on_host = _reads_are_free(device)
+    chunk = _CHUNK_ROWS if on_host else max(1, n)
+    scratch = _scratch(vocab, device) if on_host else None
     contiguous = row_ids == list(range(row_ids[0], row_ids[0] + n))
     retry: list[tuple[int, torch.Tensor, torch.Tensor, torch.Tensor]] = []  # (chunk start, rows, e, tokens)
     for c0 in range(0, n, chunk):
@@ -610,7 +710,7 @@ def _sample_nucleus(
         if contiguous:
             x = logits[row_ids[c0] : row_ids[c0] + (c1 - c0)]
         else:
-            x = logits.index_select(0, torch.tensor(row_ids[c0:c1], device=device))
+            x = logits.index_select(0, rows_t[c0:c1])
         # Into scratch (or a new tensor): the caller's logits are never modified.
         t = temp_all[c0:c1, None]
         if scratch is not None:
@@ -618,12 +718,12 @@ def _sample_nucleus(
         else:
             e = x.float().div_(t) if x.dtype != torch.float32 else x / t
         e.sub_(e.amax(dim=-1, keepdim=True)).exp_()
-        if any_min_p:
+        if cols.any_min_p:
             e.mul_(e >= min_p_all[c0:c1, None])  # the max is 1: drop p < min_p x p_max
         cdf_tokens, total = _draw_unnormalised(e, u[c0:c1])
         out[c0:c1] = cdf_tokens
         top_p = top_p_all[c0:c1]
-        if not bool((top_p < 1.0).any()):
+        if not (cols.top_p.host[c0:c1] < 1.0).any():  # the same fp32 test, on the host copy
             continue
         # A cheap bound first; rows it cannot clear get the exact test below.
         unsure = ~_surely_in_nucleus(e, cdf_tokens, top_p * total, scratch[1:] if scratch else None) & (top_p < 1.0)
@@ -652,6 +752,7 @@ def _sample_nucleus(
     pos_list = pos.tolist()
     sub = logits.index_select(0, torch.tensor([row_ids[j] for j in pos_list], device=device)).float()
     sub = sub / temp_all.index_select(0, pos)[:, None]
-    tokens, _ = _sample_truncated(sub, [params[j] for j in pos_list], _uniforms([gens[j] for j in pos_list], device), False)
+    sub_cols = _RowParams.on([params[j] for j in pos_list], vocab, device)
+    tokens, _ = _sample_truncated(sub, sub_cols, _uniforms([gens[j] for j in pos_list], device), False)
     out[pos] = tokens
     return out
