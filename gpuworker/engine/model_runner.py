@@ -10,8 +10,11 @@ manner of vLLM V1's persistent batch and nano-vllm's pinned buffers:
   that sample are computed with vectorised numpy over per-request scalars;
 * all integer inputs of the step (token ids, positions, slots, offsets, lengths,
   block tables, sampled rows) are packed into ONE staging buffer (pinned on
-  CUDA) and moved with ONE non-blocking host->device copy; the device tensors
-  are views of that copy;
+  CUDA; the int32 ones two to a word) and moved with ONE non-blocking
+  host->device copy; the device tensors are views of that copy, so a step
+  launches no kernel to unpack them. Two such buffers take turns (``StepStaging``):
+  the copy runs whenever the GPU gets to it, and a step without sampling never
+  waits for the GPU, so the next step must not rewrite the buffer that copy reads;
 * the only device->host transfer of a step is the sampled token ids (plus
   logprobs when a request asks for them), done by the sampler.
 
@@ -128,6 +131,60 @@ class PersistentBlockTable:
         return row
 
 
+def _copy_done_event(device: torch.device):
+    """An event on the current stream, recorded after a step's copy was queued."""
+    event = torch.cuda.Event()
+    event.record(torch.cuda.current_stream(device))
+    return event
+
+
+class StepStaging:
+    """The host buffer a step's integer inputs are packed into, and its copy to the device.
+
+    On a GPU the copy is asynchronous: it reads the pinned buffer when the GPU reaches it,
+    possibly after the host has begun the next step (a step in which no request samples
+    ends without waiting for the GPU). Rewriting the buffer then would hand the earlier
+    step's kernels this step's positions, slots and block tables, and write K/V to the
+    wrong slots. So two buffers take turns, each with an event recorded after its copy was
+    queued, and a buffer is rewritten only once its event has passed: that is the copy of
+    two steps ago, long done in practice, so the wait costs nothing.
+
+    On CPU the device tensors are the buffer itself, read within the step: one buffer."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.asynchronous = device.type != "cpu"
+        self._buffers: list[Optional[torch.Tensor]] = [None, None]
+        self._copied = [None, None]  # per buffer: the event after its last copy, until waited for
+        self._turn = 0
+
+    def take(self, n: int) -> torch.Tensor:
+        """``n`` int64 of host buffer to fill, which no queued copy still reads."""
+        if self.asynchronous:
+            self._turn ^= 1
+            self._wait_for_copy(self._turn)
+        buf = self._buffers[self._turn]
+        if buf is None or buf.numel() < n:  # grow-only
+            size = max(n, 4096, 0 if buf is None else 2 * buf.numel())
+            buf = torch.empty(size, dtype=torch.int64, pin_memory=self.device.type == "cuda")
+            self._buffers[self._turn] = buf
+        return buf[:n]
+
+    def send(self, host: torch.Tensor) -> torch.Tensor:
+        """The device copy of what ``take`` returned (on CPU, the buffer itself)."""
+        if not self.asynchronous:
+            return host
+        moved = host.to(self.device, non_blocking=True)
+        self._copied[self._turn] = _copy_done_event(self.device)
+        return moved
+
+    def _wait_for_copy(self, turn: int) -> None:
+        event = self._copied[turn]
+        if event is not None:
+            event.synchronize()
+            self._copied[turn] = None
+
+
 class ModelRunner:
     def __init__(self, model, kv_caches, block_size: int, device: torch.device,
                  max_num_seqs: int = 256, max_model_len: int = 8192):
@@ -139,7 +196,7 @@ class ModelRunner:
         self.shaper: Optional[LogitsShaper] = None  # made on the first request that shapes logits
         self.graphs = None  # DecodeGraphs on CUDA, set by the engine after capture
         self.tables = PersistentBlockTable(2 * max_num_seqs, -(-max_model_len // block_size))
-        self._staging: Optional[torch.Tensor] = None  # pinned on CUDA, grow-only
+        self.staging = StepStaging(device)
         self.num_device_syncs = 0
         self.last_times = StepTimes()
 
@@ -147,14 +204,6 @@ class ModelRunner:
         if self.shaper is None:
             self.shaper = LogitsShaper(self.model.config.vocab_size)
         return self.shaper
-
-    def _stage(self, n: int) -> torch.Tensor:
-        buf = self._staging
-        if buf is None or buf.numel() < n:
-            size = max(n, 4096, 0 if buf is None else 2 * buf.numel())
-            buf = torch.empty(size, dtype=torch.int64, pin_memory=self.device.type == "cuda")
-            self._staging = buf
-        return buf[:n]
 
     def build_metadata(self, sched: SchedulerOutput, kv: KVCacheManager):
         """One flattened varlen batch: every scheduled token of every request.
@@ -209,33 +258,30 @@ class ModelRunner:
             sample_rows = sample_rows[sampling]
         ns = len(sample_rows)
 
-        # One staging buffer, one host->device copy.
-        sizes = (t, t, t, b + 1, b, b, b * width, ns)
-        buf = self._stage(sum(sizes))
+        # One staging buffer, one host->device copy: the int64 inputs, then the int32 ones
+        # (query starts, sequence lengths, context lengths, block table) two to a word.
+        n64, n32 = 3 * t + ns, 3 * b + 1 + b * width
+        buf = self.staging.take(n64 + (n32 + 1) // 2)
         host = buf.numpy()
-        o = 0
-        parts = []
-        for n in sizes:
-            parts.append((o, o + n))
-            o += n
-        (i0, i1), (p0, p1), (s0, s1), (q0, q1), (l0, l1), (c0, c1), (b0, b1), (r0, r1) = parts
-        host[i0:i1] = input_ids
-        host[p0:p1] = positions
-        host[s0:s1] = slots
-        host[q0:q1] = qsl
-        host[l0:l1] = seq_lens
-        host[c0:c1] = starts
-        host[b0:b1].reshape(b, width)[:] = table[rows, :width]
-        host[r0:r1] = sample_rows
-        dev = self.device
-        moved = buf.to(dev, non_blocking=True) if dev.type != "cpu" else buf
-        i32 = moved[q0:c1].to(torch.int32)  # query starts, seq lens, context lens in one cast
+        host32 = host[n64:].view(np.int32)
+        i0, p0, s0, r0 = 0, t, 2 * t, 3 * t
+        q0, l0, c0, b0 = 0, b + 1, 2 * b + 1, 3 * b + 1
+        host[i0:p0] = input_ids
+        host[p0:s0] = positions
+        host[s0:r0] = slots
+        host[r0:n64] = sample_rows
+        host32[q0:l0] = qsl
+        host32[l0:c0] = seq_lens
+        host32[c0:b0] = starts
+        host32[b0:n32].reshape(b, width)[:] = table[rows, :width]
+        moved = self.staging.send(buf)
+        moved32 = moved[n64:].view(torch.int32)
         meta = AttentionMetadata(
-            slot_mapping=moved[s0:s1],
-            query_start_loc=i32[: b + 1],
-            seq_lens=i32[b + 1 : 2 * b + 1],
-            context_lens=i32[2 * b + 1 :],
-            block_tables=moved[b0:b1].view(b, width).to(torch.int32),
+            slot_mapping=moved[s0:r0],
+            query_start_loc=moved32[q0:l0],
+            seq_lens=moved32[l0:c0],
+            context_lens=moved32[c0:b0],
+            block_tables=moved32[b0:n32].view(b, width),
             max_query_len=int(q_lens.max()),
             max_seq_len=int(seq_lens.max()),
             block_size=bs,
@@ -243,7 +289,7 @@ class ModelRunner:
             seq_lens_cpu=seq_lens.tolist(),
             all_slots_valid=True,
         )
-        return moved[i0:i1], moved[p0:p1], meta, (moved[r0:r1] if ns else None), sampling, qsl
+        return moved[i0:p0], moved[p0:s0], meta, (moved[r0:n64] if ns else None), sampling, qsl
 
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput, kv: KVCacheManager) -> SampledTokens:
