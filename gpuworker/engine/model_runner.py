@@ -345,14 +345,14 @@ class ModelRunner:
                 rows = [
                     SamplingRow(params=r.params, prompt_token_ids=r.prompt_token_ids,
                                 output_token_ids=r.output_token_ids + r.spec_token_ids[:j] if j else r.output_token_ids,
-                                generator=row_generator(r, j, self.device), penalty_tokens=r.penalty_tokens)
+                                generator=row_generator(r, j), penalty_tokens=r.penalty_tokens)
                     for r, j in zip(row_reqs, row_offsets)
                 ]
             else:
                 rows = [
                     SamplingRow(params=r.params, prompt_token_ids=r.prompt_token_ids,
                                 output_token_ids=r.output_token_ids,
-                                generator=r.generator if r.token_seed is None else row_generator(r, 0, self.device),
+                                generator=row_generator(r, 0),
                                 penalty_tokens=r.penalty_tokens)
                     for r in reqs
                 ]

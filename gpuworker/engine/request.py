@@ -32,7 +32,7 @@ class Request:
         "request_id", "prompt_token_ids", "num_prompt_tokens", "params", "priority", "arrival_time", "deadline", "eos_token_ids",
         "plain_greedy", "finishing_token_ids", "wants_logprobs", "max_tokens", "all_token_ids",
         "output_token_ids", "prompt_logprobs", "prompt_logprobs_sent", "num_computed_tokens",
-        "num_cached_tokens", "num_preemptions", "status", "finish_reason", "block_hashes", "generator",
+        "num_cached_tokens", "num_preemptions", "status", "finish_reason", "block_hashes",
         "detokenizer", "penalty_tokens", "matcher", "bias_tensors", "shapes_logits", "spec_token_ids",
         "token_seed",
     )
@@ -80,8 +80,7 @@ class Request:
         self.finish_reason: Optional[str] = None
         # Chain hashes of this request's full blocks, extended as blocks fill.
         self.block_hashes: list[bytes] = []
-        # Filled in by the engine: per-request RNG and incremental detokenizer.
-        self.generator = None
+        # Filled in by the engine: the incremental detokenizer.
         self.detokenizer = None
         self.penalty_tokens = None  # PenaltyTokens when the request uses penalties
         # Structured outputs: the request's llguidance matcher, advanced by every
@@ -91,9 +90,8 @@ class Request:
         # Speculative decoding: tokens proposed to follow all_token_ids, verified in
         # this step's forward (set before scheduling, cleared after the step).
         self.spec_token_ids: list[int] = []
-        # With speculation on, a seeded request draws output token i from a generator
-        # seeded by (seed, i) instead of one stream: its tokens then do not depend on
-        # how many positions each step verified (see sampler.token_generator).
+        # A seeded request draws output token i from draws keyed by (seed, i)
+        # (engine/keyed_draws.py): the same whatever step, batch or attempt.
         self.token_seed: Optional[int] = None
 
     @property

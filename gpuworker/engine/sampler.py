@@ -59,6 +59,7 @@ import numpy as np
 import torch
 
 from inferq.gpuworker.engine.host_upload import Upload
+from inferq.gpuworker.engine.keyed_draws import KeyedDraws
 from inferq.gpuworker.engine.penalty_tokens import PenaltyTokens
 from inferq.schemas import SamplingParams
 
@@ -73,7 +74,7 @@ class SamplingRow:
     params: SamplingParams
     prompt_token_ids: list[int]
     output_token_ids: list[int]  # generated so far (before this step)
-    generator: Optional[torch.Generator] = None  # per-request, from params.seed; None = global RNG
+    generator: Optional[KeyedDraws] = None  # a seeded row's draws for this token; None = global RNG
     # The request's token history for penalties, kept across steps (None: built for this call).
     penalty_tokens: Optional[PenaltyTokens] = None
 
@@ -84,15 +85,6 @@ class SamplerOutput:
     # Per row: top-N {token_id: logprob} (best first) plus the sampled id,
     # when that row asked for logprobs; else None.
     logprobs: list[Optional[dict[int, float]]]
-
-
-def make_generator(seed: Optional[int], device="cpu") -> Optional[torch.Generator]:
-    """A private RNG for a seeded request (None when the request has no seed)."""
-    if seed is None:
-        return None
-    g = torch.Generator(device=device)
-    g.manual_seed(int(seed))
-    return g
 
 
 def _reads_are_free(device: torch.device) -> bool:
@@ -556,15 +548,19 @@ def _sample_truncated(
     raise AssertionError("unreachable: the full-vocabulary width always returns")
 
 
-def _uniforms(gens: list[Optional[torch.Generator]], device) -> torch.Tensor:
-    """One uniform in [0, 1) per row: seeded rows from their own generator, the
-    others from one batched draw of the global RNG."""
-    u = torch.rand(len(gens), device=device)
-    for j, g in enumerate(gens):
-        if g is not None:
-            draw = torch.rand(1, generator=g, device=g.device)
-            u[j] = (draw if g.device == u.device else draw.to(device))[0]  # the engine's live on the device
-    return u
+def _uniforms(gens: list[Optional[KeyedDraws]], device) -> torch.Tensor:
+    """One uniform in [0, 1) per row: seeded rows from their keyed draws (made on the
+    host, uploaded in one copy), the others from one batched draw of the global RNG."""
+    seeded = [g is not None for g in gens]
+    if not any(seeded):
+        return torch.rand(len(gens), device=device)
+    up = Upload(device)
+    keyed = up.add([g.next_uniform() if g is not None else 0.0 for g in gens], torch.float32)
+    mask = None if all(seeded) else up.add(seeded, torch.bool)
+    up.send()
+    if mask is None:
+        return keyed.t
+    return torch.where(mask.t, keyed.t, torch.rand(len(gens), device=device))
 
 
 # The fast path works on this many rows at a time on CPU: a chunk's temporaries

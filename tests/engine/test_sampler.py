@@ -6,7 +6,8 @@ import math
 import pytest
 import torch
 
-from inferq.gpuworker.engine.sampler import Sampler, SamplingRow, make_generator
+from inferq.gpuworker.engine.keyed_draws import KeyedDraws
+from inferq.gpuworker.engine.sampler import Sampler, SamplingRow
 from inferq.schemas import SamplingParams
 
 torch.set_num_threads(1)
@@ -140,14 +141,14 @@ def seeded_run(seed: int, steps: int = 30, neighbours: int = 0, position: int = 
     The request's own logits are the same in every run; the neighbours (half
     seeded, half on the global RNG) get logits that differ from run to run.
     """
-    gen = make_generator(seed)
-    others = [make_generator(1000 + k) if k % 2 else None for k in range(neighbours)]
+    others = [1000 + k if k % 2 else None for k in range(neighbours)]
     got = []
     for step in range(steps):
         logits = random_logits(neighbours + 1, vocab=300, seed=10_000 * (neighbours + 1) + step)
         logits[position] = random_logits(1, vocab=300, seed=step)[0]
-        rows = [row(temperature=1.0, generator=g) for g in others]
-        rows.insert(position, row(temperature=1.0, seed=seed, generator=gen))
+        # Each step is output token ``step``: its draws are keyed by (seed, step).
+        rows = [row(temperature=1.0, generator=None if s is None else KeyedDraws(s, step)) for s in others]
+        rows.insert(position, row(temperature=1.0, seed=seed, generator=KeyedDraws(seed, step)))
         got.append(sampler(logits, rows).token_ids[position])
     return got
 
@@ -167,9 +168,16 @@ def test_seeded_row_independent_of_batch_neighbours():
     assert seeded_run(42, neighbours=2, position=0) == alone
 
 
-def test_make_generator_without_seed_is_none():
-    assert make_generator(None) is None
-    assert isinstance(make_generator(3), torch.Generator)
+def test_keyed_draws_depend_on_seed_and_token_index_only():
+    def draws(seed, index, n=4):
+        d = KeyedDraws(seed, index)
+        return [d.next_uniform() for _ in range(n)]
+
+    a = draws(7, 3)
+    assert a == draws(7, 3) and a != draws(7, 4) and a != draws(8, 3)
+    assert len(set(a)) == 4 and all(0.0 <= x < 1.0 for x in a)
+    many = [x for i in range(2000) for x in draws(11, i, 2)]
+    assert abs(sum(many) / len(many) - 0.5) < 0.02  # uniform enough to sample with
 
 
 # ------------------------------------------------------------------- penalties
@@ -305,7 +313,7 @@ def test_logprobs_zero_gives_only_the_sampled_token():
 def test_sampled_token_outside_top_n_is_included():
     # Flat-ish logits at high temperature: the sampled token is rarely the best.
     logits = random_logits(32, vocab=100, seed=11) * 0.1
-    rows = [row(temperature=2.0, logprobs=2, seed=s, generator=make_generator(s)) for s in range(32)]
+    rows = [row(temperature=2.0, logprobs=2, seed=s, generator=KeyedDraws(s, 0)) for s in range(32)]
     out = sampler(logits, rows)
     ref = torch.log_softmax(logits.double(), -1)
     outside = 0
@@ -322,7 +330,7 @@ def test_sampled_token_outside_top_n_is_included():
 
 def test_logprobs_are_before_temperature():
     logits = random_logits(1, vocab=30, seed=12)
-    out = sampler(logits, [row(temperature=0.3, logprobs=3, seed=1, generator=make_generator(1))])
+    out = sampler(logits, [row(temperature=0.3, logprobs=3, seed=1, generator=KeyedDraws(1, 0))])
     ref = torch.log_softmax(logits.double(), -1)[0]
     for tid, lp in out.logprobs[0].items():
         assert lp == pytest.approx(float(ref[tid]), abs=1e-5)
@@ -473,13 +481,12 @@ def test_seeded_top_p_row_independent_of_neighbours_and_rejections(top_p):
     """A seeded top-p row draws the same tokens whatever its neighbours, even when
     its first draws are rejected (extra uniforms come from its own generator)."""
     def run(neighbours: int, position: int) -> list[int]:
-        gen = make_generator(11)
         got = []
         for step in range(25):
             logits = random_logits(neighbours + 1, vocab=2500, seed=500 + step) * 0.05  # flat: many rejections
             logits[position] = random_logits(1, vocab=2500, seed=step)[0] * 0.05
             rows = [row(temperature=1.0, top_p=0.5, top_k=(7 if k % 3 == 0 else -1)) for k in range(neighbours)]
-            rows.insert(position, row(temperature=1.0, top_p=top_p, seed=11, generator=gen))
+            rows.insert(position, row(temperature=1.0, top_p=top_p, seed=11, generator=KeyedDraws(11, step)))
             got.append(sampler(logits, rows).token_ids[position])
         return got
 

@@ -13,7 +13,8 @@ import torch
 
 import inferq.gpuworker.engine.sampler as smp
 from inferq.gpuworker.engine.penalty_tokens import PenaltyTokens
-from inferq.gpuworker.engine.sampler import Sampler, SamplingRow, make_generator
+from inferq.gpuworker.engine.keyed_draws import KeyedDraws
+from inferq.gpuworker.engine.sampler import Sampler, SamplingRow
 from inferq.schemas import SamplingParams
 from tests.engine.sync_counter import SyncCounter
 
@@ -64,7 +65,7 @@ def make_rows(kinds: list[str], seed: int = 0) -> tuple[torch.Tensor, list[Sampl
         prompt = torch.randint(0, VOCAB, (5 + i,), generator=g).tolist()
         output = torch.randint(0, VOCAB, (i % 4,), generator=g).tolist()
         history = PenaltyTokens(prompt, VOCAB, "cpu", p.repetition_penalty != 1.0) if p.uses_penalties else None
-        rows.append(SamplingRow(p, prompt, output, make_generator(p.seed), history))
+        rows.append(SamplingRow(p, prompt, output, None if p.seed is None else KeyedDraws(p.seed, len(output)), history))
     return logits, rows
 
 

@@ -19,7 +19,8 @@ import math
 import pytest
 import torch
 
-from inferq.gpuworker.engine.sampler import Sampler, SamplingRow, make_generator
+from inferq.gpuworker.engine.keyed_draws import KeyedDraws
+from inferq.gpuworker.engine.sampler import Sampler, SamplingRow
 from inferq.schemas import SamplingParams
 
 torch.set_num_threads(1)
@@ -124,7 +125,7 @@ def test_bound_tells_vllm_order_from_min_p_last():
 
 # ------------------------------------------------------------- logprob modes
 def one(params: SamplingParams, logits: torch.Tensor, prompt=(0, 1), output=(1, 2, 2)):
-    row = SamplingRow(params, list(prompt), list(output), make_generator(3))
+    row = SamplingRow(params, list(prompt), list(output), KeyedDraws(3, 0))
     out = sampler(logits[None, :].clone(), [row])
     return out.token_ids[0], out.logprobs[0]
 

@@ -17,23 +17,15 @@ distribution (tests/engine/test_speculative_sampling.py checks it
 statistically). A proposer that samples its drafts from a distribution q would
 need the min(1, p/q) test instead; none does.
 
-Seeded requests draw output token i from a generator seeded by (seed, i)
-(``token_generator``), so a re-run gives the same tokens however many positions
+Seeded requests draw output token i from draws keyed by (seed, i)
+(engine/keyed_draws.py), so a re-run gives the same tokens however many positions
 each step happened to verify.
 """
 from __future__ import annotations
 
 from typing import Optional
 
-import torch
-
-_MIX = 0x9E3779B97F4A7C15  # golden-ratio increment: spreads consecutive indices over the seed space
-
-
-def token_generator(seed: int, index: int, device) -> torch.Generator:
-    g = torch.Generator(device=device)
-    g.manual_seed((int(seed) * 1_000_003 + (index + 1) * _MIX) % (2**63))
-    return g
+from inferq.gpuworker.engine.keyed_draws import KeyedDraws
 
 
 def num_accepted(drafts: list[int], sampled: list[int]) -> int:
@@ -75,7 +67,8 @@ def split_rows(token_ids: list[int], logprobs: list, reqs: list, num_spec: list[
     return out_tokens, out_lps
 
 
-def row_generator(req, offset: int, device) -> Optional[torch.Generator]:
+def row_generator(req, offset: int) -> Optional[KeyedDraws]:
+    """The draws of ``req``'s output token ``offset`` past what it has (None: unseeded)."""
     if req.token_seed is None:
-        return req.generator
-    return token_generator(req.token_seed, len(req.output_token_ids) + offset, device)
+        return None
+    return KeyedDraws(req.token_seed, len(req.output_token_ids) + offset)
