@@ -808,8 +808,8 @@ def run_pytest_child(args: list[str], hidden: list[str], env: dict, log_path: Pa
 
 
 def pytest_env() -> dict:
-    # tests/conftest.py sets TRITON_INTERPRET=1 unless /dev/nvidia0 exists (setdefault): a GPU under
-    # another device node would run the kernel tests interpreted. An explicit 0 wins there.
+    # tests/conftest.py sets TRITON_INTERPRET=1 (setdefault) when torch sees no GPU; an explicit
+    # value wins, so the kernel tests here run compiled, or interpreted in a CPU run.
     interpret = "1" if (CPU_SMOKE or DRY_RUN) else "0"
     return child_env(TRITON_INTERPRET=interpret)
 
@@ -876,7 +876,7 @@ def run_pytest(deadline: float) -> tuple[str, str]:
     if not CPU_SMOKE and (facts.get("on_gpu") is False or facts.get("triton_interpret")):
         row("pytest", "kernel tests on the GPU", "FAIL",
             f"they ran in the CPU interpreter (ON_GPU={facts.get('on_gpu')}, TRITON_INTERPRET="
-            f"{facts.get('triton_interpret_env')}): see tests/conftest.py's /dev/nvidia0 test")
+            f"{facts.get('triton_interpret_env')}): see tests/conftest.py's GPU test")
     return "PASS", f"{timeout:.0f} s allowed"
 
 

@@ -19,9 +19,21 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # Workers started by tests run in float32 (the product default is bfloat16 on CPUs
 # with AVX512-BF16/AMX): runs compared token for token stay batch-invariant enough.
 os.environ.setdefault("INFERQ_DTYPE", "float32")
+
+
+def _cuda_usable() -> bool:
+    """A GPU torch can use (any index: /dev/nvidia0 need not exist on a machine lent GPU 1)."""
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except Exception:  # a broken CUDA install: the interpreter it is
+        return False
+
+
 # Without a GPU the Triton kernels run interpreted; the switch is read when
 # triton is first imported, so it is set before anything can import it.
-if not os.path.exists("/dev/nvidia0"):
+if not _cuda_usable():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
