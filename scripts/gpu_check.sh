@@ -37,7 +37,6 @@ if [[ "${1:-}" == "prepare" ]]; then
     if ! $PY - "$CARRY/tokenizer" <<'PY'
 import shutil, sys
 from pathlib import Path
-sys.path.insert(0, ".")
 from tests.tiny_models import TOKENIZER_FILES, tokenizer_source
 src, dst = tokenizer_source(), Path(sys.argv[1])
 for name in TOKENIZER_FILES:

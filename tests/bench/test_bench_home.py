@@ -45,7 +45,10 @@ def test_nothing_edits_sys_path():
     files = [p for folder in ("inferq", "scripts") for p in (ROOT / folder).rglob("*")
              if p.suffix in (".py", ".sh") and "__pycache__" not in p.parts]
     assert len(files) > 20
-    assert [str(p.relative_to(ROOT)) for p in files if "sys.path.insert" in p.read_text(encoding="utf-8")] == []
+    # The GPU check is the one exception: it runs from a copy of the checkout that is not
+    # installed (the lent GPU machine), and borrows the test suite's kernel helpers.
+    edits = [str(p.relative_to(ROOT)) for p in files if "sys.path.insert" in p.read_text(encoding="utf-8")]
+    assert edits in ([], ["scripts/gpu_check.py"]), edits
 
 
 def test_every_benchmark_module_is_listed_by_bench_help():
