@@ -1,6 +1,8 @@
 """Small C kernels for the CPU path: decode attention straight over the paged KV
-cache, tiled prefill attention over it (inferq_kernels/cpu/paged_prefill.c, its own build: see
-that file and ``_PREFILL_FLAGS``; ``prefill_fns`` is empty where it did not build), rotary of q and k
+cache, prompt chunks with the same per-row arithmetic (``rows_fns``, paged_decode.c's
+``*_rows``: the default for prefill, batch-invariant), tiled prefill attention over it
+(inferq_kernels/cpu/paged_prefill.c, its own build: see that file and ``_PREFILL_FLAGS``;
+``prefill_fns`` is empty where it did not build), rotary of q and k
 (bit-identical to the torch ops; llama.rotate_qk), SiLU-and-mul of the MLP
 (llama.silu_and_mul) and a fused residual add + RMSNorm (llama.add_rms_norm).
 
@@ -74,6 +76,14 @@ class DecodeKernel:
             fn.restype = ctypes.c_int
             self.fns[name] = fn
         p, i = ctypes.c_void_p, ctypes.c_int64
+        # Prefill chunks with the decode kernel's arithmetic (paged_decode.c, paged_decode_*_rows):
+        # every row the same bits as a decode row at its position, in any chunk (batch invariance).
+        self.rows_fns = {}
+        for name in ("paged_decode_f32_rows", "paged_decode_bf16_rows"):
+            fn = getattr(lib, name)
+            fn.argtypes = [p, i, p, i, p, p, p, i, p, p, p, p, i, i, i, i, i, ctypes.c_float, p, i]
+            fn.restype = ctypes.c_int
+            self.rows_fns[name] = fn
         # paged_prefill.c (its own build; None where it failed): the tiled prefill attention
         self.prefill_fns = {}
         if prefill_lib is not None:

@@ -12,19 +12,20 @@ same ``AttentionMetadata``; planning reads only the host lists, so nothing syncs
 * on CPU with the C kernels (inferq.gpuworker.attention.cpu_kernels) every decode row goes to ONE
   call of the paged-decode kernel, straight over the paged cache, and every prefill chunk
   (q_len > 1: a fresh prompt, a later chunk of a long one, a prefix-cache hit, speculative
-  tokens to verify) with >= 8 (token, query head) rows per kv head to ONE call of the tiled
-  prefill kernel (inferq_kernels/cpu/paged_prefill.c: a tile of 16 such rows against each 16-key
-  chunk of the cache, online softmax, causal mask only where a chunk crosses the tile's rows).
-  Measured per route (``inferq bench prefill-attention``, docs/benchmarks.md: 2-2,048
-  tokens, contexts 0/512/1,024, fp32 and bf16, 1 and 2 threads, G = 1/3/4, D = 64/128) it
-  was the fastest from 8 rows on: against baddbmm it skips the masked half of the scores and
-  the gather (1.2-2x at 128-512 tokens after a context, 2.3-12x past 1,024), against the
-  decode kernel's rows each key is loaded once per tile, not once per row (1.4-1.9x for
-  chunks that start a sequence). Below 8 rows (2 tokens x 3 heads) most lanes of a tile
-  idle and the chunk's rows go to the decode kernel (row j sees context + j + 1 keys),
-  up to 2x faster there. Where paged_prefill.c did not build: rows for chunks that start
-  a sequence, the torch path below for chunks with a context. ``prefill_path`` forces one
-  route (tests, the benchmark).
+  tokens to verify) with >= 8 (token, query head) rows per kv head to ONE call of the rows
+  kernel (paged_decode.c's ``*_rows``: tiles of 16 of a chunk's tokens per kv head, each
+  block of keys and values read once per tile). Both compute every (token, query head) row
+  with the same arithmetic (one compiled function): the scores of its keys, a two-pass
+  softmax over exactly them, p.v in key order. So a token's attention is the same bits
+  whether it was decoded or prefilled, in a chunk cut anywhere, beside any other rows, on
+  any thread count: the engine's batch invariance (docs/kernels.md). Shorter chunks (2
+  tokens x 3 heads) and up to 17 tokens after a context (a speculative verification) go to
+  the decode kernel row by row (row j sees context + j + 1 keys): the same bits again.
+  ``batch_invariant=False`` sends the chunks to paged_prefill.c instead (a tile of 16 rows
+  against each 16-key chunk, online softmax; on AMX paged_prefill_amx.c): 1.2x faster
+  attention at 1,024-2,048 tokens in bf16 here (about equal below 256), other bits than a
+  decode row's. ``prefill_path`` forces one route (tests, the benchmark: "tiled" is
+  paged_prefill.c).
 * otherwise each prefill chunk attends over its keys (the new k/v when it starts at
   position 0, otherwise the cached blocks) with a causal mask offset by its
   context (``key_pos <= context + q_pos``), GQA folded the same way. On CPU an
@@ -52,6 +53,10 @@ _MIN_TILED_ROWS = 8
 # Chunks of at most this many rows after a context (a speculative decode's verification)
 # go to the decode kernel row by row: see _prefill_route.
 _NATIVE_MAX_VERIFY_ROWS = 17
+# Query tokens per unit of the rows kernel (paged_decode.c, *_rows; 1-16): they read each
+# block of keys and values one after another, from L1. Results do not depend on it (1.05x
+# faster at 16 than at 8 or 4 on prompts of 1,024-2,048 tokens, a Zen 4).
+_ROWS_TILE = 16
 # Start a new decode group when it saves at least this many gathered blocks.
 _MIN_GROUP_SAVING_BLOCKS = 64
 
@@ -89,14 +94,21 @@ class _NativeDecode:
 
 @dataclass
 class _TiledPrefill:
-    """Prefill chunks for the tiled C kernel (inferq_kernels/cpu/paged_prefill.c), one entry per chunk;
-    host int64 arrays, read through their data pointers."""
+    """Prefill chunks for one C call over whole chunks, one entry per chunk; host int64 arrays,
+    read through their data pointers. ``kernel``: "rows" (the default), the decode kernel's
+    arithmetic over tiles of a chunk's tokens (paged_decode.c, ``paged_decode_*_rows``: each row
+    the same bits as a decode row at its position), or "tiled" (inferq_kernels/cpu/paged_prefill.c,
+    or paged_prefill_amx.c: query tiles x key chunks with an online softmax, a different order of
+    sums than a decode row's, so a token's bits would depend on whether it was decoded or
+    prefilled; only where ``prefill_path="tiled"`` asks for it)."""
 
     q_start: torch.Tensor  # [C] first query row
     seq_idx: torch.Tensor  # [C] its sequence's row in meta.block_tables
     q_lens: torch.Tensor  # [C] query rows
     ctx_lens: torch.Tensor  # [C] tokens cached before the chunk
     rows: list[tuple[int, int]]  # (start, end) per chunk, for a copy-back when out is not direct
+    kernel: str = "rows"
+    max_len: int = 0  # the longest sequence (context + chunk)
 
 
 @dataclass
@@ -140,20 +152,27 @@ class TorchAttentionBackend(AttentionBackend):
     def __init__(self, max_explicit_scores: int = _MAX_EXPLICIT_SCORES,
                  min_group_saving_blocks: int = _MIN_GROUP_SAVING_BLOCKS,
                  native_decode: bool | None = None, native_prefill: bool = True,
-                 prefill_path: str | None = None) -> None:
+                 prefill_path: str | None = None, batch_invariant: bool = True) -> None:
         """``native_decode``: decode rows through the C paged-attention kernel (CPU,
         float32/bfloat16) instead of gather + SDPA. None (default) = use it when it
         builds (``INFERQ_CPU_KERNELS=0`` turns it off).
         ``native_prefill``: with it (and the C kernels), prefill chunks go to C kernels too
         (the route per chunk: ``_prefill_route``); False keeps every chunk on baddbmm/SDPA.
         ``prefill_path`` forces one route for every chunk ("rows": the decode kernel row by
-        row, "tiled": paged_prefill.c, "torch"); None = the measured choice."""
+        row, "tiled": paged_prefill.c, "torch"); None = the measured choice.
+        ``batch_invariant`` (default): on the C kernels every attention row is computed with
+        the decode kernel's arithmetic, so a token's output does not depend on the step's other
+        rows, its chunk or the thread count (docs/kernels.md, "Batch invariance"). False: prompt
+        chunks take paged_prefill.c's online-softmax tiles (on AMX paged_prefill_amx.c) where
+        they built: faster prompts at 1,024+ tokens (1.2x here, more on AMX), bits that depend
+        on the chunking."""
         if prefill_path not in (None, "rows", "tiled", "torch"):
             raise ValueError(f"prefill_path must be rows, tiled or torch, not {prefill_path!r}")
         self.max_explicit_scores = max_explicit_scores
         self.native_decode = native_decode
         self.native_prefill = native_prefill
         self.prefill_path = prefill_path
+        self.batch_invariant = batch_invariant
         self._native_kernel = None
         self._scratch: torch.Tensor | None = None  # fp32 scores of the C kernel, grow-only
         self.min_group_saving_blocks = min_group_saving_blocks
@@ -202,7 +221,9 @@ class TorchAttentionBackend(AttentionBackend):
         if tiled:
             cols = list(zip(*tiled))
             plan.tiled = _TiledPrefill(*(torch.tensor(c, dtype=torch.int64) for c in cols),
-                                       rows=[(r, r + n) for r, _, n, _ in tiled])
+                                       rows=[(r, r + n) for r, _, n, _ in tiled],
+                                       kernel="tiled" if self._tiled_kernel() else "rows",
+                                       max_len=max(c + n for _, _, n, c in tiled))
 
         if n_rows and native:
             plan.native = _NativeDecode(
@@ -240,7 +261,12 @@ class TorchAttentionBackend(AttentionBackend):
 
     def _prefill_route(self, q_len: int, context: int, groups: int, native: bool) -> str:
         """Which path a prefill chunk of ``q_len`` (> 1) rows after ``context`` cached tokens
-        takes: "rows" (the decode kernel, row by row), "tiled" (paged_prefill.c) or "torch"."""
+        takes: "rows" (the decode kernel, row by row), "tiled" (one call for the step's chunks:
+        by default the decode kernel's arithmetic over tiles of tokens, paged_decode.c's
+        ``*_rows``; paged_prefill.c where ``prefill_path="tiled"``) or "torch". Where the C
+        kernels run, "rows" and the default "tiled" give every row the same bits (a decode row's),
+        so the choice is speed only: a token's attention does not depend on how its prompt was
+        chunked or what shares the step (batch invariance; docs/kernels.md)."""
         if native and context > 0 and q_len <= _NATIVE_MAX_VERIFY_ROWS and self.prefill_path is None:
             # A speculative verification: each row is a decode row seeing one more key, through the
             # same kernel and the same sums as a plain decode, so a verified token's logits equal the
@@ -249,21 +275,23 @@ class TorchAttentionBackend(AttentionBackend):
             return "rows"
         if not native or not self.native_prefill:
             return "torch"
-        tiled_ok = bool(self._native_kernel.prefill_fns)
         if self.prefill_path is not None:
+            tiled_ok = bool(self._native_kernel.prefill_fns)
             return "rows" if self.prefill_path == "tiled" and not tiled_ok else self.prefill_path
         # A tile holds 16 (token, query head) rows of one kv head: with fewer than 8 of them (2
         # tokens x 3 heads, a short speculative verification) most of its lanes idle, and the
         # decode kernel's rows were faster (2@512: 0.08 vs 0.11 ms; baddbmm 0.15).
         if q_len * groups < _MIN_TILED_ROWS:
             return "rows"
-        # Otherwise the tiled kernel won every measured case (docs/benchmarks.md,
-        # inferq bench prefill-attention): a matmul's work (a tile's rows share each key)
-        # without the masked half of the scores or a gather. Where it did not build: the rows of
-        # a chunk that starts a sequence (no mask, no masked half), baddbmm for one with a context.
-        if tiled_ok:
-            return "tiled"
-        return "rows" if context == 0 else "torch"
+        # Otherwise one call over tiles of each chunk's tokens, which read each block of keys and
+        # values once per tile, not once per row (the rows kernel, same bits as "rows").
+        return "tiled"
+
+    def _tiled_kernel(self) -> bool:
+        """Whether prompt chunks go to paged_prefill.c (else the rows kernel, paged_decode.c)."""
+        if self.prefill_path == "tiled":
+            return True  # _prefill_route sent them to "rows" where it did not build
+        return not self.batch_invariant and self.prefill_path is None and bool(self._native_kernel.prefill_fns)
 
     def _use_native(self, meta: AttentionMetadata, num_heads: int, groups: int, dtype, device) -> bool:
         if self.native_decode is False or device.type != "cpu" or dtype not in (torch.float32, torch.bfloat16):
@@ -373,14 +401,28 @@ class TorchAttentionBackend(AttentionBackend):
         kern.sync()
         assert key_cache.is_contiguous() and value_cache.is_contiguous()
         tables = meta.block_tables
-        if dt == torch.bfloat16 and kern.prefill_amx is not None and head_dim % 32 == 0:
+        if tp.kernel == "rows":
+            # scratch per thread: tile x query heads per kv head x (longest sequence + 256) floats
+            tile = _ROWS_TILE
+            need = tile * (num_heads // num_kv_heads) * (tp.max_len + 256) * max(1, kern.lib.threads)
+            if self._scratch is None or self._scratch.numel() < need:
+                self._scratch = torch.empty(max(need, 4096), dtype=torch.float32)
+            fn = kern.rows_fns["paged_decode_bf16_rows" if dt == torch.bfloat16 else "paged_decode_f32_rows"]
+            rc = fn(qn.data_ptr(), qn.stride(0), on.data_ptr(), on.stride(0),
+                    key_cache.data_ptr(), value_cache.data_ptr(), tables.data_ptr(), tables.stride(0),
+                    tp.q_start.data_ptr(), tp.seq_idx.data_ptr(), tp.q_lens.data_ptr(), tp.ctx_lens.data_ptr(),
+                    tp.q_start.numel(), num_heads, num_kv_heads, head_dim, key_cache.shape[1], float(scale),
+                    self._scratch.data_ptr(), tile)
+            fn = None
+        elif dt == torch.bfloat16 and kern.prefill_amx is not None and head_dim % 32 == 0:
             fn = kern.prefill_amx  # both products on AMX tiles (paged_prefill_amx.c)
         else:
             fn = kern.prefill_fns["paged_prefill_bf16" if dt == torch.bfloat16 else "paged_prefill_f32"]
-        rc = fn(qn.data_ptr(), qn.stride(0), on.data_ptr(), on.stride(0),
-                key_cache.data_ptr(), value_cache.data_ptr(), tables.data_ptr(), tables.stride(0),
-                tp.q_start.data_ptr(), tp.seq_idx.data_ptr(), tp.q_lens.data_ptr(), tp.ctx_lens.data_ptr(),
-                tp.q_start.numel(), num_heads, num_kv_heads, head_dim, key_cache.shape[1], float(scale))
+        if fn is not None:
+            rc = fn(qn.data_ptr(), qn.stride(0), on.data_ptr(), on.stride(0),
+                    key_cache.data_ptr(), value_cache.data_ptr(), tables.data_ptr(), tables.stride(0),
+                    tp.q_start.data_ptr(), tp.seq_idx.data_ptr(), tp.q_lens.data_ptr(), tp.ctx_lens.data_ptr(),
+                    tp.q_start.numel(), num_heads, num_kv_heads, head_dim, key_cache.shape[1], float(scale))
         if rc != 0:
             raise RuntimeError(f"CPU prefill kernel rejected heads={num_heads}/{num_kv_heads} head_dim={head_dim}")
         if not direct:

@@ -31,12 +31,16 @@ pass with software prefetch), each row chunk reusing the panel from L1/L2:
   that and 1.3-1.6x MKL on its panels, so there it runs every batch size.
 
 The packed panels replace the plain weight (one copy of the weights in memory):
-``PackedWeight`` runs every batch size, its kernel up to ``max_rows`` rows, on
-``torch.get_num_threads()`` threads (OpenMP, split over output panels: each output summed
-in the one-thread order, so bit-identical at any thread count; one thread where the build
-has no OpenMP). Past ``max_rows`` (float32 on Intel: prompt chunks, where MKL is faster) the float32 panels go to MKL as they lie: ``[n/P][k][P]`` is a batch of
-``k x P`` matrices, so ``x @ panels`` is one batched matmul with no copy of the weight
-(inferq bench cpu-matmul's "MKL on panels" column). ``rows(ids)`` reads rows of the weight back
+``PackedWeight`` runs every batch size on its kernel, on ``torch.get_num_threads()``
+threads (OpenMP, split over output panels: each output summed in the one-thread order, so
+bit-identical at any thread count; one thread where the build has no OpenMP). Each output is
+summed over k in one order whatever the row count (the narrow and the blocked kernels, k
+slices and row blocks all keep it), so a row's result does not depend on the batch: the
+engine's batch invariance (docs/kernels.md). Only where ``max_rows`` is capped by hand
+(``inferq bench prompt-step --matmul-kernel-rows``) do the float32 panels go to MKL past it,
+as they lie: ``[n/P][k][P]`` is a batch of ``k x P`` matrices, so ``x @ panels`` is one batched
+matmul with no copy of the weight (inferq bench cpu-matmul's "MKL on panels" column); that
+path is not batch-invariant. ``rows(ids)`` reads rows of the weight back
 out of the panels (the embedding of a tied LM head). The C is in inferq_kernels/cpu/linear_avx512.c and
 inferq_kernels/cpu/linear_avx2.c, built by inferq_kernels/cpu/loader.py: on CPUs with AVX-512F (else AVX2 + FMA), AMX only where
 /proc/cpuinfo lists it and Linux grants the process AMX state
@@ -63,19 +67,23 @@ _FLAGS_AVX2 = ["-O3", "-mavx2", "-mfma", "-std=gnu11"]
 _lock = threading.Lock()
 _loaded: "ctypes.CDLL | None | bool" = False  # False = not tried yet
 
-# Rows up to which each kernel beats torch (above: MKL on the float32 panels).
-MAX_ROWS = {torch.float32: 64}
-# Kernels that run every batch size (in chunks of this many rows). The AVX512-BF16 kernel:
+# Every kernel runs every batch size (in chunks of this many rows): a row's result is then the
+# same bits whatever the batch (batch invariance: the kernels sum each output over k in one
+# order, whatever the row count, row block or thread; docs/kernels.md). The AVX512-BF16 kernel:
 # on a 2-core Zen 5 it streamed the weights 1.25-1.5x faster than oneDNN's packing at 1-32
 # rows and matched it up to 2,048 (inferq bench cpu-matmul). The AMX one: its panels are the
 # only copy of the weights, so it takes prompt chunks too.
 ALL_ROWS = 1 << 16
 MAX_ROWS_DP_BF16 = MAX_ROWS_AMX_BF16 = ALL_ROWS
 # Off Intel, MKL's sgemm (torch's float32 F.linear) takes a generic code path: on a 2-core
-# Zen 5 the AVX-512 kernel was 2.2x faster at 128-2,048 rows, so there it runs every batch
-# size. (oneDNN's fp32 packing was ~1.15x the kernel at 2,048 rows, but it builds a
-# primitive per distinct batch size: a worker's memory grew by ~430 MB over 12,000 jobs.)
+# Zen 5 the AVX-512 kernel was 2.2x faster at 128-2,048 rows. (oneDNN's fp32 packing was
+# ~1.15x the kernel at 2,048 rows, but it builds a primitive per distinct batch size: a
+# worker's memory grew by ~430 MB over 12,000 jobs, and its results change with the batch.)
 MAX_ROWS_AVX512_F32_OFF_INTEL = ALL_ROWS
+# On Intel MKL's sgemm was faster than the kernel past 64 rows (prompt chunks), and went there
+# until the engine became batch-invariant: MKL's sums are not the kernel's, so a token's bits
+# depended on whether its step had more than 64 rows. Not re-measured since (no Intel CPU).
+MAX_ROWS_AVX512_F32_INTEL = ALL_ROWS
 # The AVX2 kernel: on a 2-core Zen 3 (inferq bench cpu-matmul --dtype float32 --no-lm-head)
 # level with F.linear on the plain weights at 256-1,024 rows, but 1.33x / 1.56x faster than
 # MKL on its panels (the one copy there is), which a 2,048-token prompt step went to when
@@ -84,10 +92,10 @@ MAX_ROWS_AVX2_F32 = ALL_ROWS
 
 
 def f32_max_rows(lib: ctypes.CDLL) -> int:
-    """Rows up to which the float32 kernel runs (above: MKL on its panels)."""
+    """Rows per call of the float32 kernel (past them: calls of that many rows)."""
     if lib.isa == "avx2":
         return MAX_ROWS_AVX2_F32
-    return MAX_ROWS[torch.float32] if cpu_kernels.cpu_vendor() == "GenuineIntel" else MAX_ROWS_AVX512_F32_OFF_INTEL
+    return MAX_ROWS_AVX512_F32_INTEL if cpu_kernels.cpu_vendor() == "GenuineIntel" else MAX_ROWS_AVX512_F32_OFF_INTEL
 
 
 def load() -> ctypes.CDLL | None:
@@ -202,7 +210,7 @@ class PackedWeight:
             return x.new_empty(0, self.n)
         if m <= self.max_rows:
             return self._kernel(x, bias)
-        if self.layout == "f32":
+        if self.layout == "f32" and self.max_rows < ALL_ROWS:  # a cap set by hand (inferq bench prompt-step)
             return self._mkl_on_panels(x, bias)
         return torch.cat([self._kernel(x[i:i + self.max_rows], bias) for i in range(0, m, self.max_rows)])
 

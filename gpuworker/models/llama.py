@@ -251,6 +251,9 @@ class LlamaForCausalLM(nn.Module):
         # tied to the embedding, its PackedWeight also serves the embedding's rows.
         self.packed_lm_head: PackedWeight | torch.Tensor | None = None
         self.packing: str | None = None  # what prepack_cpu_weights did, once done
+        # The vocabulary size where the packed LM head has zero rows past it (a vocabulary that is
+        # not a multiple of the kernels' 32 columns), else None: lm_logits cuts them off.
+        self.logits_cols: int | None = None
 
     @torch.inference_mode()
     def forward(
@@ -290,7 +293,8 @@ class LlamaForCausalLM(nn.Module):
     @torch.inference_mode()
     def lm_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits in the model dtype (enough for an argmax)."""
-        return linear(hidden, self.lm_head, None, self.packed_lm_head)
+        logits = linear(hidden, self.lm_head, None, self.packed_lm_head)
+        return logits if self.logits_cols is None else logits[:, : self.logits_cols].contiguous()
 
     def use_cpu_kernels(self) -> bool:
         """C kernels (inferq.gpuworker.attention.cpu_kernels) on CPU: rotary in float32 and
@@ -320,13 +324,12 @@ class LlamaForCausalLM(nn.Module):
 
         * "amx" / "avx512_bf16" (bfloat16), "avx512" or "avx2" (float32): panels read by
           our kernels (inferq.gpuworker.models.cpu_linear), which stream the weights faster than
-          oneDNN/MKL at decode-sized batches. Every batch size runs on the panels: the
-          bf16 kernels take all of them, and so does the AVX-512 fp32 one off Intel (MKL's
-          generic path is slow there); past the fp32 kernel's ``max_rows`` (Intel, AVX2)
-          MKL reads the panels as a batch of matrices. Needs AVX-512 or AVX2+FMA (AMX or
-          AVX512-BF16 for bf16) and ``kernels``. On the AVX-512 fp32 and AVX512-BF16 kernels
-          the MLP's gate/up weight is a ``PackedGateUp``: the matmul and SiLU-and-mul run
-          as one kernel (the same bits as the two apart).
+          oneDNN/MKL at decode-sized batches. Every batch size runs on the kernels (a
+          row's result then does not depend on its batch: batch invariance), the LM head
+          too (zero rows up to a multiple of 32 where the vocabulary is not one). Needs
+          AVX-512 or AVX2+FMA (AMX or AVX512-BF16 for bf16) and ``kernels``. On the AVX-512
+          fp32 and AVX512-BF16 kernels the MLP's gate/up weight is a ``PackedGateUp``: the
+          matmul and SiLU-and-mul run as one kernel (the same bits as the two apart).
         * "onednn" (bfloat16 elsewhere): oneDNN's blocked layout. Plain ``F.linear``
           re-lays the weight out on every call; prepacked it runs 1.5-2.5x faster at
           decode-sized batches here, with bit-identical results.
@@ -347,6 +350,18 @@ class LlamaForCausalLM(nn.Module):
             pack = lambda w: PackedWeight(lib, w)  # noqa: E731
             kind = lib.bf16 if bf16 else lib.isa
             lm_head = cpu_linear.can_pack(lib, self.lm_head)
+            vocab = self.lm_head.shape[0]
+            if not lm_head and vocab % 32 and cpu_linear.can_pack(lib, self.lm_head[: vocab // 32 * 32]):
+                # A vocabulary that is not a multiple of 32 (tokens added to a base model): the LM
+                # head gets zero rows up to one, cut off again in lm_logits. On F.linear (MKL or
+                # oneDNN) a row's logits would change with the number of rows (batch invariance).
+                tied = self.lm_head is self.embed_tokens
+                pad = self.lm_head.new_zeros(-vocab % 32, self.lm_head.shape[1])
+                self.lm_head = nn.Parameter(torch.cat([self.lm_head.detach(), pad]), requires_grad=False)
+                if tied:  # the packed head serves the embedding's rows (ids < vocab)
+                    self.embed_tokens = self.lm_head
+                self.logits_cols = vocab
+                lm_head = True
         else:
             pack = self._onednn_packer(batch_hint) if bf16 else None
             if pack is None:
