@@ -55,7 +55,7 @@ _MIN_TILED_ROWS = 8
 _NATIVE_MAX_VERIFY_ROWS = 17
 # Query tokens per unit of the rows kernel (paged_decode.c, *_rows; 1-16): they read each
 # block of keys and values one after another, from L1. Results do not depend on it (1.05x
-# faster at 16 than at 8 or 4 on prompts of 1,024-2,048 tokens, a Zen 4).
+# faster at 16 than at 8 or 4 on prompts of 1,024-2,048 tokens, a Zen 5).
 _ROWS_TILE = 16
 # Start a new decode group when it saves at least this many gathered blocks.
 _MIN_GROUP_SAVING_BLOCKS = 64

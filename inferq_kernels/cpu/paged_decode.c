@@ -295,7 +295,7 @@ static inline void dots_bf16(const uint16_t *q, const uint16_t *k, int64_t tok_s
 /* The q.k (and p.v) of one block for one token's G heads, out of line for a decode row: the
    unit's loops around them keep their registers, and the 16 accumulators and key pointers
    theirs (inlined into the unit that also serves the rows kernel, they spilled: bf16 decode
-   attention ~1.1x slower on a Zen 4); the rows kernel inlines them (1.03-1.07x faster so).
+   attention ~1.1x slower on a Zen 5); the rows kernel inlines them (1.03-1.07x faster so).
    The same code either way. A head size of 64 or 128 gets loops of a known trip count. */
 static __attribute__((noinline)) void dots_bf16_block(const uint16_t *q, const uint16_t *k, int64_t tok_stride,
         int64_t n, int64_t g_n, int64_t d, float scale, float *scores, int64_t len) {
@@ -524,7 +524,7 @@ int NAME(const T *q, int64_t q_tok_stride, T *out, int64_t out_tok_stride,      
    after another; every row gets the same bits as the decode kernel gives it (a decode row, or  \
    the same token in a chunk cut anywhere else). Scratch per thread: tile x G x (longest        \
    sequence + MAX_D) floats. Units are taken longest first (dynamic): later tiles see more keys.\
-   One layer of SmolLM2 (9/3 heads of 64), bf16, 1 thread, on a Zen 4: 1.0-1.1x the time of     \
+   One layer of SmolLM2 (9/3 heads of 64), bf16, 1 thread, on a Zen 5: 1.0-1.1x the time of     \
    paged_prefill.c's online-softmax tiles up to 256 tokens, 1.2-1.3x at 1,024-2,048 (the        \
    decode arithmetic's horizontal sums of q.k), 0.7x the decode kernel row by row. */           \
 int NAME##_rows(const T *q, int64_t q_tok_stride, T *out, int64_t out_tok_stride,              \
