@@ -68,6 +68,10 @@ class EngineConfig:
     # Speculative decoding (gpuworker/engine/speculative/): None = off; a dict / JSON
     # string / SpeculativeConfig, e.g. {"method": "ngram", "k": 4}.
     speculative: Optional[object] = None
+    # Reasoning models (vLLM's --reasoning-parser): "auto" (on when the chat template knows
+    # <think>), "none", "qwen3" or "deepseek_r1". On, a structured-output constraint applies
+    # to what follows the reasoning (engine/grammar.py, ReasoningGate).
+    reasoning_parser: str = "auto"
 
     # Default KV budget on CPU, where there is no memory profiling to do.
     CPU_KV_CACHE_BYTES = 2 * 1024**3
@@ -81,6 +85,10 @@ class EngineConfig:
             raise ValueError("max_num_batched_tokens must be at least 1")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError("gpu_memory_utilization must be in (0, 1]")
+        if self.reasoning_parser.strip().lower() != "auto":
+            from inferq.schemas.reasoning import reasoning_format
+
+            reasoning_format(self.reasoning_parser)  # ValueError naming the families
         if self.speculative is not None:
             from inferq.gpuworker.engine.speculative.config import SpeculativeConfig
 

@@ -57,6 +57,9 @@ class Job(BaseModel):
     # OpenAI-style tool definitions ([{type: "function", function: {name, description, parameters}}]),
     # rendered into the prompt by the model's chat template (only with ``messages``).
     tools: Optional[list[dict[str, Any]]] = Field(None, min_length=1, max_length=MAX_TOOLS)
+    # Extra variables for the chat template (vLLM's chat_template_kwargs), e.g. Qwen3's
+    # {"enable_thinking": false}; only with ``messages``.
+    chat_template_kwargs: Optional[dict[str, Any]] = None
     metadata: dict[str, Any] = Field(default_factory=dict)
     created_at: float = Field(default_factory=time.time)
 
@@ -72,6 +75,8 @@ class Job(BaseModel):
                 raise ValueError("'tools' need 'messages' (they are rendered by the chat template)")
             if len(json.dumps(self.tools)) > MAX_TOOLS_BYTES:
                 raise ValueError(f"tools must serialise to at most {MAX_TOOLS_BYTES} bytes")
+        if self.chat_template_kwargs is not None:
+            check_template_kwargs(self.chat_template_kwargs, self.messages is not None)
         if len(json.dumps(self.metadata)) > MAX_METADATA_BYTES:
             raise ValueError(f"metadata must serialise to at most {MAX_METADATA_BYTES} bytes")
         # pydantic refuses lone surrogates in str fields, not inside free-form metadata.
@@ -90,6 +95,26 @@ class Job(BaseModel):
         if isinstance(raw, bytes):
             raw = raw.decode("utf-8")  # strict: invalid UTF-8 is the client's error
         return cls.model_validate_json(raw)
+
+
+MAX_TEMPLATE_KWARGS_BYTES = 16_384
+# Names apply_chat_template takes itself: as template variables they would change how
+# the prompt is built (or which template builds it), not what the template says.
+RESERVED_TEMPLATE_KWARGS = frozenset({
+    "conversation", "messages", "tools", "documents", "chat_template", "add_generation_prompt",
+    "continue_final_message", "tokenize", "padding", "truncation", "max_length", "return_tensors",
+    "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs"})
+
+
+def check_template_kwargs(kwargs: dict[str, Any], has_messages: bool) -> None:
+    if not has_messages:
+        raise ValueError("'chat_template_kwargs' need 'messages' (they go to the chat template)")
+    reserved = sorted(RESERVED_TEMPLATE_KWARGS.intersection(kwargs))
+    if reserved:
+        raise ValueError(f"chat_template_kwargs may not set {', '.join(reserved)}")
+    if len(json.dumps(kwargs)) > MAX_TEMPLATE_KWARGS_BYTES:
+        raise ValueError(f"chat_template_kwargs must serialise to at most {MAX_TEMPLATE_KWARGS_BYTES} bytes")
+    require_utf8(json.dumps(kwargs, ensure_ascii=False), "chat_template_kwargs")
 
 
 JOB_FIELD = "job"

@@ -6,13 +6,16 @@ preempted request keeps its output: the first schedule computes the prompt and
 them (prefix caching makes that cheap where blocks survived), sampling resumes
 at the next position, and every per-request state that depends on the output so
 far is brought to where the earlier attempt left it: the detokenizer (text shown,
-stop-string hold-back), the structured-output matcher, penalties (they read the
+stop-string hold-back), the structured-output matcher (and a reasoning model's
+gate in front of it), penalties (they read the
 output ids), ``max_tokens`` / ``min_tokens`` (they count them) and seeded draws
 (token i is drawn from (seed, i)).
 """
 from __future__ import annotations
 
 from typing import Sequence
+
+from inferq.gpuworker.engine.grammar import gate_token
 
 
 class CannotContinue(ValueError):
@@ -32,9 +35,15 @@ def continue_from(req, token_ids: Sequence[int], vocab_size: int, max_model_len:
         raise CannotContinue("the earlier attempt reached its length limit")
     if ids[-1] in req.finishing_token_ids:
         raise CannotContinue("the earlier attempt ended on a stop token")
-    if req.matcher is not None:
+    if req.matcher is not None or req.reasoning_gate is not None:
+        # A reasoning model's tokens pass its gate as they did when generated: the
+        # matcher sees only those after the reasoning ended.
+        seen: list[int] = []
         for t in ids:
-            if not req.matcher.consume_token(t):
+            seen.append(t)
+            if req.reasoning_gate is not None and gate_token(req, seen):
+                continue
+            if req.matcher is not None and not req.matcher.consume_token(t):
                 raise CannotContinue("the structured-output constraint refuses the earlier attempt's tokens")
     shown, stop = req.detokenizer.update(ids)
     if stop is not None:

@@ -21,12 +21,13 @@ import threading
 import time
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor, TimeoutError as FutureTimeout
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 import llguidance
 import llguidance.hf
 
 from inferq.schemas import StructuredOutputs
+from inferq.schemas.reasoning import THINK_END, THINK_START, detect_parser, reasoning_format
 
 
 class GrammarError(ValueError):
@@ -111,3 +112,101 @@ class GrammarCompiler:
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+# -- reasoning models: the constraint applies to what follows the reasoning ----------
+class ReasoningMarkers:
+    """A tokenizer's encodings of ``<think>`` and ``</think>`` (one special token
+    each in Qwen3 and DeepSeek-R1). With them a structured-output constraint holds
+    back until the reasoning has ended, as vLLM's reasoning-aware structured
+    outputs do: the model thinks freely, then the grammar shapes the answer."""
+
+    def __init__(self, start_ids: tuple[int, ...], end_ids: tuple[int, ...]):
+        if not start_ids or not end_ids:
+            raise ValueError("reasoning markers need token ids for both <think> and </think>")
+        self.start_ids = tuple(start_ids)
+        self.end_ids = tuple(end_ids)
+        # How far back the prompt is searched for a block the template opened or closed.
+        self._window = 2 * (len(self.start_ids) + len(self.end_ids)) + 4
+
+    @classmethod
+    def for_model(cls, parser: Optional[str], tokenizer) -> Optional["ReasoningMarkers"]:
+        """``parser``: "auto" (on when the chat template knows ``<think>``), "none",
+        or a family name (inferq.schemas.reasoning.PARSERS)."""
+        name = (parser or "none").strip().lower()
+        if name == "auto":
+            name = detect_parser(getattr(tokenizer, "chat_template", None)) or "none"
+        if reasoning_format(name) is None:  # ValueError for an unknown name
+            return None
+
+        def ids(text: str) -> tuple[int, ...]:
+            return tuple(tokenizer.encode(text, add_special_tokens=False))
+
+        return cls(ids(THINK_START), ids(THINK_END))
+
+    def gate(self, prompt_token_ids: Sequence[int], matcher) -> Optional["ReasoningGate"]:
+        """The gate of a request with ``matcher``, from where its prompt leaves the
+        reasoning: closed by the template (thinking disabled) -> None, the grammar
+        applies from the first token; opened by the template -> held until the end
+        marker; neither -> the first token decides (the start marker, or the
+        grammar's first token: the model may answer without thinking)."""
+        tail = list(prompt_token_ids[-self._window:])
+        s, e = _rfind(tail, self.start_ids), _rfind(tail, self.end_ids)
+        if e > s:
+            return None
+        if s > e or len(self.start_ids) > 1:  # a multi-token start cannot be offered in one mask bit
+            return ReasoningGate(matcher, self.end_ids)
+        return ReasoningGate(matcher, self.end_ids, start_token=self.start_ids[0])
+
+
+class ReasoningGate:
+    """One request's matcher while its reasoning may go on.
+
+    Undecided (``start_token`` set, before the first output token): the matcher is
+    the request's and masks the first token, with ``start_token`` also allowed
+    (logits_shaping). Waiting: ``req.matcher`` is None and the matcher rests here
+    until the output ends with ``end_ids``; then it becomes the request's and
+    constrains every later token."""
+
+    __slots__ = ("matcher", "end_ids", "start_token")
+
+    def __init__(self, matcher, end_ids: tuple[int, ...], start_token: Optional[int] = None):
+        self.matcher = matcher
+        self.end_ids = list(end_ids)
+        self.start_token = start_token
+
+    def attach(self, req) -> None:
+        """Give ``req`` (just built) this gate and the matcher it holds."""
+        req.reasoning_gate = self
+        if self.start_token is None:
+            req.matcher = None
+        else:
+            req.matcher, self.matcher = self.matcher, None
+
+
+def gate_token(req, output_ids: Sequence[int]) -> bool:
+    """Route ``req``'s newest output token (the last of ``output_ids``) past its
+    reasoning gate. True: the token belongs to the reasoning (or ends it) and its
+    matcher must not consume it; False: the matcher (if any) consumes it."""
+    gate = req.reasoning_gate
+    if gate is None:
+        return False
+    token = output_ids[-1]
+    if gate.start_token is not None:  # the first token decides
+        if token == gate.start_token:
+            gate.matcher, req.matcher, gate.start_token = req.matcher, None, None
+            return True
+        req.reasoning_gate = None  # no reasoning: the grammar goes on from this token
+        return False
+    n = len(gate.end_ids)
+    if len(output_ids) >= n and list(output_ids[-n:]) == gate.end_ids:
+        req.matcher, req.reasoning_gate = gate.matcher, None
+    return True
+
+
+def _rfind(seq: list[int], sub: tuple[int, ...]) -> int:
+    n = len(sub)
+    for i in range(len(seq) - n, -1, -1):
+        if tuple(seq[i:i + n]) == sub:
+            return i
+    return -1

@@ -17,7 +17,7 @@ from inferq.gpuworker.config import EngineConfig
 from inferq.gpuworker.engine import host_malloc
 from inferq.gpuworker.engine.cuda_device import bind_cuda_device, keep_cuda_device
 from inferq.gpuworker.engine.detokenizer import IncrementalDetokenizer
-from inferq.gpuworker.engine.grammar import GrammarCompiler
+from inferq.gpuworker.engine.grammar import GrammarCompiler, ReasoningMarkers, gate_token
 from inferq.gpuworker.engine.kv_cache_manager import KVCacheManager
 from inferq.gpuworker.engine.model_runner import ModelRunner
 from inferq.gpuworker.engine.outputs import EngineStats, RequestDelta
@@ -119,6 +119,7 @@ class LLMEngine:
         self.num_generated_tokens = 0
         self.num_prompt_tokens = 0
         self._grammar: Optional[GrammarCompiler] = None
+        self.reasoning = ReasoningMarkers.for_model(config.reasoning_parser, self.tokenizer)
 
     @property
     def grammar(self) -> GrammarCompiler:
@@ -208,6 +209,9 @@ class LLMEngine:
             matcher = self.grammar.matcher(params.structured_outputs)
         req = Request(request_id, prompt_token_ids, params, priority, arrival_time, deadline, self.eos_token_ids)
         req.matcher = matcher
+        gate = None if matcher is None or self.reasoning is None else self.reasoning.gate(prompt_token_ids, matcher)
+        if gate is not None:
+            gate.attach(req)
         # A seeded request draws output token i from a generator seeded by (seed, i): its
         # tokens do not depend on how many positions a step verified (speculation), nor on
         # where an attempt started (a continued request draws token N as the first did).
@@ -339,7 +343,7 @@ class LLMEngine:
         text, stop_str = detok.update_one(token)
         if stop_str is not None:
             return self._finish(req, "stop", [token], text, lps, stop_reason=stop_str, plp=plp)
-        matcher = req.matcher
+        matcher = None if req.reasoning_gate is not None and gate_token(req, out_ids) else req.matcher
         if matcher is not None:
             # The grammar's accept state with nothing more allowed ends the request as
             # EOS would ("stop"); a refused token cannot come from a masked row.

@@ -97,6 +97,7 @@ class LogitsShaper:
         words = None
         if pending is not None:
             pending.future.result()  # the helper thread has filled the bitmask
+            _allow_reasoning_start(pending, reqs)
             if logits.device.type != "cpu":
                 words = up.add(pending.bitmask, torch.int32)
         up.send()
@@ -142,6 +143,18 @@ def unpack_on_device(words: torch.Tensor) -> torch.Tensor:
     """The same on the GPU: 32 shifts of each word, no host round trip of the expanded mask."""
     shifts = torch.arange(32, device=words.device, dtype=torch.int32)
     return ((words.unsqueeze(-1) >> shifts) & 1).view(words.shape[0], -1).bool()
+
+
+def _allow_reasoning_start(pending: PendingMasks, reqs: list) -> None:
+    """A reasoning model's first token may open its reasoning instead of starting
+    the constrained answer (engine/grammar.py, ReasoningGate): that token's bit is set."""
+    words = None
+    for j, i in enumerate(pending.rows):
+        gate = reqs[i].reasoning_gate
+        if gate is not None and gate.start_token is not None:
+            words = pending.bitmask.view(np.uint32) if words is None else words
+            t = gate.start_token
+            words[j, t >> 5] |= np.uint32(1 << (t & 31))
 
 
 def _bias_tensors(req, device):

@@ -33,7 +33,7 @@ class Request:
         "plain_greedy", "finishing_token_ids", "wants_logprobs", "max_tokens", "all_token_ids",
         "output_token_ids", "prompt_logprobs", "prompt_logprobs_sent", "num_computed_tokens",
         "num_cached_tokens", "num_preemptions", "status", "finish_reason", "block_hashes",
-        "detokenizer", "penalty_tokens", "matcher", "bias_tensors", "shapes_logits", "spec_token_ids",
+        "detokenizer", "penalty_tokens", "matcher", "reasoning_gate", "bias_tensors", "shapes_logits", "spec_token_ids",
         "token_seed",
     )
 
@@ -86,6 +86,8 @@ class Request:
         # Structured outputs: the request's llguidance matcher, advanced by every
         # output token. Preemption keeps the output tokens, so it stays valid.
         self.matcher = None
+        # A reasoning model's matcher waits here until the reasoning has ended (engine/grammar.py).
+        self.reasoning_gate = None
         self.bias_tensors = None  # logit_bias as (ids, values) tensors, see logits_shaping
         # Speculative decoding: tokens proposed to follow all_token_ids, verified in
         # this step's forward (set before scheduling, cleared after the step).

@@ -60,14 +60,17 @@ class PromptBuilder:
 
     def _chat_text(self, job: Job) -> str:
         messages, tools = job.messages, job.tools
+        # The request's template variables (e.g. Qwen3's enable_thinking); the job's
+        # schema refuses the names apply_chat_template takes itself.
+        extra = job.chat_template_kwargs or {}
         if not tools and not any(m.tool_calls or m.role == "tool" for m in messages):
             return self.tok.apply_chat_template([m.model_dump() for m in messages], tokenize=False,
-                                                add_generation_prompt=True)
+                                                add_generation_prompt=True, **extra)
         if template_knows_tools(self.tok.chat_template):
             return self.tok.apply_chat_template([template_message(m) for m in messages], tools=tools,
-                                                tokenize=False, add_generation_prompt=True)
+                                                tokenize=False, add_generation_prompt=True, **extra)
         return self.tok.apply_chat_template(fallback_messages(messages, tools), tokenize=False,
-                                            add_generation_prompt=True)
+                                            add_generation_prompt=True, **extra)
 
 
 _TOOLS_WORD = re.compile(r"\btools\b")
