@@ -72,6 +72,10 @@ class EngineConfig:
     # <think>), "none", "qwen3" or "deepseek_r1". On, a structured-output constraint applies
     # to what follows the reasoning (engine/grammar.py, ReasoningGate).
     reasoning_parser: str = "auto"
+    # Embeddings (engine/pooling.py): how a prompt's final hidden states become one vector
+    # when the request does not say: "last" (the last token, as decoder-only embedding
+    # models are trained) or "mean" (over every prompt position).
+    pooling: str = "last"
 
     # Default KV budget on CPU, where there is no memory profiling to do.
     CPU_KV_CACHE_BYTES = 2 * 1024**3
@@ -89,6 +93,8 @@ class EngineConfig:
             from inferq.schemas.reasoning import reasoning_format
 
             reasoning_format(self.reasoning_parser)  # ValueError naming the families
+        if self.pooling not in ("mean", "last"):
+            raise ValueError(f"pooling must be 'mean' or 'last', got {self.pooling!r}")
         if self.speculative is not None:
             from inferq.gpuworker.engine.speculative.config import SpeculativeConfig
 

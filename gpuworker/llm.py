@@ -5,7 +5,8 @@ from typing import Optional, Sequence, Union
 
 from inferq.gpuworker.config import EngineConfig
 from inferq.gpuworker.engine.llm_engine import LLMEngine
-from inferq.gpuworker.engine.outputs import CompletionOutput
+from inferq.gpuworker.engine.outputs import CompletionOutput, EmbeddingOutput
+from inferq.gpuworker.engine.pooling import Pooling
 from inferq.schemas import SamplingParams
 
 Prompt = Union[str, list[int]]
@@ -35,6 +36,28 @@ class LLM:
     def apply_chat_template(self, messages: list[dict]) -> list[int]:
         text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         return list(self.tokenizer(text, add_special_tokens=False).input_ids)
+
+    def embed(self, prompts: Union[Prompt, Sequence[Prompt]], pooling: Optional[str] = None,
+              normalize: bool = True) -> list[EmbeddingOutput]:
+        """One vector per prompt, in order: the final hidden states pooled ("mean" or
+        "last"; None: the engine's ``pooling`` setting), L2-normalised unless told not to.
+        The prompts run as one continuous batch, as the worker runs embed jobs."""
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]  # type: ignore[list-item]
+        spec = Pooling(kind=pooling, normalize=normalize)
+        engine = self.engine
+        order, ids_of, vectors = [], {}, {}
+        for prompt in prompts:
+            rid = f"llm-{self._next_id}"
+            self._next_id += 1
+            ids_of[rid] = self.encode(prompt)
+            engine.add_request(rid, ids_of[rid], pooling=spec)
+            order.append(rid)
+        while engine.has_unfinished():
+            for d in engine.step():
+                if d.finished:
+                    vectors[d.request_id] = d.embedding
+        return [EmbeddingOutput(rid, ids_of[rid], vectors[rid].tolist()) for rid in order]
 
     def generate(
         self,

@@ -56,7 +56,7 @@ def seeded(job: Job) -> Job:
     gave none): every attempt of it draws the same tokens, so a redelivered job
     continues or regenerates exactly what its stream already showed."""
     s = job.sampling
-    if s.seed is not None or s.greedy:
+    if s.seed is not None or s.greedy or job.task != "generate":
         return job
     return job.model_copy(update={"sampling": s.model_copy(update={"seed": secrets.randbits(63)})})
 

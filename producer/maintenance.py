@@ -22,7 +22,7 @@ from typing import Optional
 
 from pydantic import Field
 
-from inferq.schemas import ErrorEvent, encode_event, keys, records, transitions
+from inferq.schemas import ErrorEvent, completion_events, encode_event, keys, records, transitions
 from inferq.schemas.job import job_payload
 from inferq.schemas.policy import QueuePolicy
 from inferq.schemas.queues import Lane, lanes_of
@@ -120,9 +120,16 @@ def _dead_letter_lane(r, lane: Lane, s: MaintenanceSettings) -> int:
                                 fields={**records.info_error("max_deliveries", reason),
                                         "finished_at": repr(time.time())},
                                 dead=dead.redacted() if s.dlq_payload == "redact" else dead,
-                                dlq_maxlen=s.dlq_maxlen, ttl_after_done=s.reply_ttl, reply_maxlen=s.reply_maxlen)
+                                dlq_maxlen=s.dlq_maxlen, ttl_after_done=s.reply_ttl, reply_maxlen=s.reply_maxlen,
+                                completion=_completion(job_id, raw))
         n += int(done == transitions.DONE)
     return n
+
+
+def _completion(job_id: str, raw: str) -> dict[str, str]:
+    """The webhook record of a job dead-lettered for its deliveries."""
+    tenant, route = completion_events.payload_facts(raw)
+    return completion_events.job_record(job_id, tenant, records.ERROR, "max_deliveries", route)
 
 
 def expire_finished_replies(r, s: MaintenanceSettings, scan_count: int = 500) -> int:

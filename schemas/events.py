@@ -91,6 +91,9 @@ class Timings(BaseModel):
 
 FinishReason = Literal["stop", "length", "abort", "deadline"]
 
+MAX_EMBEDDING_DIMS = 65_536
+MAX_EMBEDDING_B64 = 4 * (4 * MAX_EMBEDDING_DIMS // 3 + 1)
+
 
 class ChoiceEnd(BaseModel):
     """How one choice of a several-choice job (n > 1) ended."""
@@ -108,6 +111,11 @@ class DoneEvent(_Event):
     timings: Timings = Field(default_factory=Timings)
     # With n > 1: one entry per choice, by index (None for single-choice jobs).
     choices: Optional[list[ChoiceEnd]] = None
+    # Task "embed": the vector, base64 of its little-endian float32 bytes (OpenAI's
+    # encoding_format "base64"); bounded by the largest hidden size we expect.
+    embedding: Optional[str] = Field(None, max_length=MAX_EMBEDDING_B64)
+    # Task "tokenize": the serving model's context length (vLLM's max_model_len).
+    max_model_len: Optional[int] = None
 
 
 class ErrorEvent(_Event):

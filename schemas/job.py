@@ -34,8 +34,36 @@ class ChatMessage(BaseModel):
     name: Optional[str] = Field(None, max_length=256)
 
 
+Task = Literal["generate", "embed", "tokenize", "detokenize"]
+
+
+class EmbedOptions(BaseModel):
+    """Task ``embed``: how the prompt's final hidden states become one vector."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # None: the worker's default (INFERQ_POOLING); "mean" over the prompt, or its "last" token.
+    pooling: Optional[Literal["mean", "last"]] = None
+    normalize: bool = True  # L2-normalise the pooled vector
+
+
+class TokenizeOptions(BaseModel):
+    """Task ``tokenize`` (vLLM's /tokenize fields)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # None: True for ``prompt``, False for ``messages`` (the template writes the special tokens).
+    add_special_tokens: Optional[bool] = None
+    add_generation_prompt: bool = True  # with ``messages``
+
+
 class Job(BaseModel):
-    """Exactly one of ``prompt``, ``messages`` or ``prompt_token_ids`` is set."""
+    """Exactly one of ``prompt``, ``messages`` or ``prompt_token_ids`` is set.
+
+    ``task`` says what the worker does with it: ``generate`` (sampling), ``embed`` (the
+    pooled final hidden states of the prompt, no sampling), ``tokenize`` (``prompt`` or
+    ``messages`` to token ids) or ``detokenize`` (``prompt_token_ids`` to text); the
+    last two are answered without an engine step."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -62,6 +90,9 @@ class Job(BaseModel):
     chat_template_kwargs: Optional[dict[str, Any]] = None
     metadata: dict[str, Any] = Field(default_factory=dict)
     created_at: float = Field(default_factory=time.time)
+    task: Task = "generate"
+    embed: Optional[EmbedOptions] = None
+    tokenize: Optional[TokenizeOptions] = None
 
     @model_validator(mode="after")
     def _one_prompt(self):
@@ -77,11 +108,30 @@ class Job(BaseModel):
                 raise ValueError(f"tools must serialise to at most {MAX_TOOLS_BYTES} bytes")
         if self.chat_template_kwargs is not None:
             check_template_kwargs(self.chat_template_kwargs, self.messages is not None)
+        self._check_task()
         if len(json.dumps(self.metadata)) > MAX_METADATA_BYTES:
             raise ValueError(f"metadata must serialise to at most {MAX_METADATA_BYTES} bytes")
         # pydantic refuses lone surrogates in str fields, not inside free-form metadata.
         require_utf8(json.dumps(self.metadata, ensure_ascii=False), "metadata")
         return self
+
+    def _check_task(self) -> None:
+        task = self.task
+        if self.embed is not None and task != "embed":
+            raise ValueError("'embed' options need task 'embed'")
+        if self.tokenize is not None and task != "tokenize":
+            raise ValueError("'tokenize' options need task 'tokenize'")
+        if task == "generate":
+            return
+        # Nothing is sampled: sampling fields would be silently ignored, so they are refused.
+        if self.sampling != SamplingParams():
+            raise ValueError(f"'sampling' applies to task 'generate' only, not {task!r}")
+        if self.tools is not None:
+            raise ValueError(f"'tools' apply to task 'generate' only, not {task!r}")
+        if task == "tokenize" and self.prompt_token_ids is not None:
+            raise ValueError("task 'tokenize' takes 'prompt' or 'messages'")
+        if task == "detokenize" and self.prompt_token_ids is None:
+            raise ValueError("task 'detokenize' takes 'prompt_token_ids'")
 
     # Redis stream entries are flat string maps: the job travels as one JSON field.
     def to_fields(self) -> dict[str, str]:

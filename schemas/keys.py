@@ -149,6 +149,15 @@ def stats(model: str) -> str:
     return f"{PREFIX}:stats:{{{model}}}"
 
 
+def model_info(model: str) -> str:
+    """Hash of what a model's workers know of it that the gateway cannot see (its
+    ``reasoning_parser``); written at worker start, its TTL renewed by every heartbeat."""
+    return f"{PREFIX}:model:{{{model}}}"
+
+
+MODEL_INFO_TTL_S = 3600
+
+
 def worker_identity(model: str, worker_id: str) -> str:
     """Held by the one live process using ``worker_id`` (a random token, with a TTL)."""
     return f"{PREFIX}:worker:{{{model}}}:{worker_id}"
@@ -208,3 +217,57 @@ def batch_lease(batch_id: str) -> str:
 def batches() -> str:
     """Sorted set of batch ids by creation time (listing, resume, retention)."""
     return f"{PREFIX}:batches"
+
+
+# -- webhooks (producer/gateway/webhooks; the record: schemas/completion_events.py) --
+def all_tags() -> tuple[str, ...]:
+    """The hash tags of every partition (a reader that visits each one)."""
+    return _tags(partitions())
+
+
+def completion_events(in_tag: str) -> str:
+    """Stream of a partition's ended jobs and batches, written by the fenced
+    final-state scripts only while it exists (a dispatcher's group creates it)."""
+    return f"{PREFIX}:events:{{{in_tag}}}"
+
+
+def webhook_outbox(in_tag: str) -> str:
+    """Sorted set of a partition's pending webhook deliveries, scored by when each is due."""
+    return f"{PREFIX}:webhooks:outbox:{{{in_tag}}}"
+
+
+def webhook_delivery(in_tag: str, delivery_id: str) -> str:
+    """Hash of one pending delivery (endpoint, body, attempts, last error)."""
+    return f"{PREFIX}:webhooks:delivery:{{{in_tag}}}:{delivery_id}"
+
+
+def webhook_dead(in_tag: str) -> str:
+    """List of a partition's deliveries that ran out of attempts (newest first, capped)."""
+    return f"{PREFIX}:webhooks:dead:{{{in_tag}}}"
+
+
+def webhook_recent(in_tag: str) -> str:
+    """List of a partition's latest delivery attempts (newest first, capped; the dashboard's table)."""
+    return f"{PREFIX}:webhooks:recent:{{{in_tag}}}"
+
+
+def webhook_endpoints() -> str:
+    """Hash endpoint id -> JSON of every endpoint registered through the API."""
+    return f"{PREFIX}:webhooks:endpoints"
+
+
+# -- Responses API (producer/gateway/responses_store.py) --------------------------
+def response(job_id: str) -> str:
+    """Hash of a stored response: its spec (request echo, input, conversation) and,
+    once its job ended, its final output; in the job's slot."""
+    return f"{PREFIX}:response:{{{job_tag(job_id)}}}:{job_id}"
+
+
+def responses_of(tenant: str) -> str:
+    """Sorted set of one tenant's stored response job ids by creation time (the bound)."""
+    return f"{PREFIX}:responses:{{t={tenant}}}"
+
+
+def responses_unsaved() -> str:
+    """Sorted set of stored responses whose final output is not saved yet (by creation time)."""
+    return f"{PREFIX}:responses:unsaved"

@@ -65,23 +65,26 @@ def start(p, *, stream: str, entry_id: str, consumer: str, attempt: int, job_id:
 
 
 def finish(p, *, stream: str, entry_id: str, consumer: str, attempt: int, job_id: str, event: dict[str, str],
-           fields: dict[str, Any], ttl_after_done: int, reply_maxlen: int):
-    """The final ``done`` event and status, then ack + delete of the entry."""
-    return _run(p, "finish", _job_keys(stream, job_id),
+           fields: dict[str, Any], ttl_after_done: int, reply_maxlen: int,
+           completion: Optional[dict[str, str]] = None):
+    """The final ``done`` event and status, the job's completion record
+    (``completion_events.job_record``, for webhooks), then ack + delete of the entry."""
+    return _run(p, "finish", [*_job_keys(stream, job_id), keys.completion_events(keys.tag_of(stream))],
                 [keys.JOBS_GROUP, entry_id, consumer, attempt, ttl_after_done, reply_maxlen,
-                 event["type"], event["data"], *_flat(fields)])
+                 event["type"], event["data"], *_flat(fields), *_flat(completion or {})])
 
 
 def fail(p, *, stream: str, dlq: str, entry_id: str, consumer: str, attempt: int, job_id: Optional[str],
          error_data: str, fields: dict[str, Any], dead: DeadLetter, dlq_maxlen: int, ttl_after_done: int,
-         reply_maxlen: int):
+         reply_maxlen: int, completion: Optional[dict[str, str]] = None):
     """``error`` event and status (when ``job_id`` is known and ``error_data`` given),
-    the dead letter, then ack + delete. ``attempt`` 0: the caller holds no attempt
-    yet (an unreadable payload), so only its ownership of the entry is checked."""
-    return _run(p, "fail", [*_job_keys(stream, job_id), dlq],
+    the job's completion record (likewise), the dead letter, then ack + delete.
+    ``attempt`` 0: the caller holds no attempt yet (an unreadable payload), so
+    only its ownership of the entry is checked."""
+    return _run(p, "fail", [*_job_keys(stream, job_id), dlq, keys.completion_events(keys.tag_of(stream))],
                 [keys.JOBS_GROUP, entry_id, consumer, attempt, ttl_after_done, reply_maxlen,
                  error_data if job_id else "", dlq_maxlen, *_flat(fields if job_id else {}),
-                 *_flat(dead.to_fields())])
+                 *_flat(dead.to_fields()), *_flat((completion or {}) if job_id else {})])
 
 
 def request_cancel(r, *, job_id: str, ttl: int):

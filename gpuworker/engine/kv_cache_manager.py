@@ -42,6 +42,8 @@ class KVCacheManager:
         if not self.enable_caching:
             return [], 0
         max_hit_blocks = (req.num_tokens - 1) // self.block_size
+        if req.pooling is not None and req.pooling.kind == "mean":  # every position's hidden state is needed
+            return [], 0
         if req.prompt_logprobs is not None:  # positions whose prompt logprobs are missing must run
             max_hit_blocks = min(max_hit_blocks, (len(req.prompt_logprobs) - 1) // self.block_size)
         self._extend_hashes(req, max_hit_blocks * self.block_size)

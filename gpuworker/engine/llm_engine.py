@@ -22,6 +22,7 @@ from inferq.gpuworker.engine.kv_cache_manager import KVCacheManager
 from inferq.gpuworker.engine.model_runner import ModelRunner
 from inferq.gpuworker.engine.outputs import EngineStats, RequestDelta
 from inferq.gpuworker.engine.penalty_tokens import PenaltyTokens
+from inferq.gpuworker.engine.pooling import Pooling, finished_vector
 from inferq.gpuworker.engine.request import Request, RequestStatus
 from inferq.gpuworker.engine.continuation import continue_from
 from inferq.gpuworker.engine.scheduler import Scheduler
@@ -175,6 +176,7 @@ class LLMEngine:
         arrival_time: Optional[float] = None,
         matcher=None,
         continue_token_ids: Sequence[int] = (),
+        pooling: Optional[Pooling] = None,
     ) -> str:
         """``matcher``: the request's compiled structured-output matcher (from
         ``self.grammar.matcher``, compiled off the step loop by the caller); when the
@@ -183,7 +185,10 @@ class LLMEngine:
         ``continue_token_ids``: output an earlier attempt already generated; the
         request continues after it (engine/continuation.py). Returns the text those
         tokens show ("" without them); raises CannotContinue (a ValueError) when
-        they cannot be continued."""
+        they cannot be continued.
+
+        ``pooling``: a pooling request (embeddings, engine/pooling.py): its prompt runs
+        and its last delta carries the pooled vector; nothing is sampled."""
         params = params or SamplingParams()
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in the engine")
@@ -197,7 +202,10 @@ class LLMEngine:
         vocab = self.model_config.vocab_size
         if min(prompt_token_ids) < 0 or max(prompt_token_ids) >= vocab:
             raise ValueError(f"prompt token ids must be in [0, {vocab})")
-        if len(prompt_token_ids) >= self.max_model_len:
+        if pooling is not None and len(prompt_token_ids) > self.max_model_len:
+            raise ValueError(f"the input has {len(prompt_token_ids)} tokens, but this model's context is "
+                             f"{self.max_model_len} tokens (max_model_len)")
+        if pooling is None and len(prompt_token_ids) >= self.max_model_len:
             raise ValueError(
                 f"the prompt has {len(prompt_token_ids)} tokens, but this model allows at most "
                 f"{self.max_model_len - 1} prompt tokens (max_model_len {self.max_model_len} "
@@ -212,6 +220,9 @@ class LLMEngine:
         gate = None if matcher is None or self.reasoning is None else self.reasoning.gate(prompt_token_ids, matcher)
         if gate is not None:
             gate.attach(req)
+        if pooling is not None:
+            req.pooling = dataclasses.replace(pooling, kind=pooling.kind or self.config.pooling)
+            self.runner.pooling_requests += 1
         # A seeded request draws output token i from a generator seeded by (seed, i): its
         # tokens do not depend on how many positions a step verified (speculation), nor on
         # where an attempt started (a continued request draws token N as the first did).
@@ -275,6 +286,8 @@ class LLMEngine:
             d = on_token(req, token, lp)
             if d is not None:
                 append(d)
+        if self.runner.pooling_requests:
+            self._end_pooled(sched, deltas)
         # Host time split of this step (seconds), read by `inferq bench offline --step`.
         self.last_step_times = (t1 - t0, self.runner.last_times, time.perf_counter() - t2)
         return deltas
@@ -314,9 +327,21 @@ class LLMEngine:
                         break
             if d is not None:
                 deltas.append(d)
+        if self.runner.pooling_requests:
+            self._end_pooled(sched, deltas)
         spec.end_step(kv)  # after the tokens are in: only then are a request's known tokens final
         self.last_step_times = (t1 - t0, self.runner.last_times, time.perf_counter() - t2)
         return deltas
+
+    def _end_pooled(self, sched, deltas: list) -> None:
+        """Pooling requests whose whole prompt has run (after its blocks were cached):
+        finished, their last delta carrying the vector."""
+        for s in sched.scheduled:
+            req = s.request
+            if req.pooling is not None and req.status is not _FINISHED and req.num_computed_tokens >= req.num_prompt_tokens:
+                d = self._finish(req, "stop", [], "", None)
+                d.embedding = finished_vector(req)
+                deltas.append(d)
 
     def _on_token(self, req: Request, token: int, logprobs) -> Optional[RequestDelta]:
         # Runs once per sampled token (256 times a step at batch 256): properties,
@@ -372,6 +397,8 @@ class LLMEngine:
             self.spec.finished(req.request_id)
         self.requests.pop(req.request_id, None)
         self._with_deadline.discard(req.request_id)
+        if req.pooling is not None:
+            self.runner.pooling_requests -= 1
         return RequestDelta(
             request_id=req.request_id,
             new_token_ids=tokens,

@@ -33,6 +33,7 @@ import torch
 from inferq.gpuworker.attention.base import AttentionMetadata
 from inferq.gpuworker.engine.kv_cache_manager import KVCacheManager
 from inferq.gpuworker.engine.logits_shaping import LogitsShaper
+from inferq.gpuworker.engine.pooling import accumulate, pooling_rows
 from inferq.gpuworker.engine.prompt_logprobs import collect_prompt_logprobs
 from inferq.gpuworker.engine.sampler import Sampler, SamplingRow, greedy_argmax
 from inferq.gpuworker.engine.scheduler import SchedulerOutput
@@ -199,6 +200,8 @@ class ModelRunner:
         self.staging = StepStaging(device)
         self.num_device_syncs = 0
         self.last_times = StepTimes()
+        # Live pooling requests (embeddings), counted by the engine: with none, no step looks for them.
+        self.pooling_requests = 0
 
     def _shaper(self) -> LogitsShaper:
         if self.shaper is None:
@@ -233,6 +236,8 @@ class ModelRunner:
                 input_ids.extend(req.all_token_ids[start : start + n])
             if s.samples:
                 sampling.append(i)
+        if self.pooling_requests:  # a pooling request's last prompt chunk samples nothing
+            sampling = [i for i in sampling if scheduled[i].request.pooling is None]
         starts = np.array(starts_l, dtype=np.int64)
         q_lens = np.array(q_lens_l, dtype=np.int64)
         rows = self.tables.rows_for(rids, kv)
@@ -308,10 +313,11 @@ class ModelRunner:
         pending = self._shaper().begin(row_reqs, row_offsets) if shaped else None
         t1 = time.perf_counter()
         prompt_logprobs = any(s.request.prompt_logprobs is not None for s in sched.scheduled)
+        pooling = pooling_rows(scheduled) if self.pooling_requests else None
         kept = False  # hidden holds the sampling rows only
         if self.graphs is not None and self.graphs.can_run(meta):
             hidden = self.graphs.run(ids, positions, meta)
-        elif rows_idx is not None and 0 < rows_idx.numel() < ids.shape[0] and not prompt_logprobs:
+        elif rows_idx is not None and 0 < rows_idx.numel() < ids.shape[0] and not prompt_logprobs and not pooling:
             # Only the sampling rows' hidden states are wanted: the last layer's MLP skips the rest.
             hidden = self.model(ids, positions, self.kv_caches, meta, keep_rows=rows_idx)
             kept = True
@@ -319,6 +325,8 @@ class ModelRunner:
             hidden = self.model(ids, positions, self.kv_caches, meta)
         if prompt_logprobs:
             collect_prompt_logprobs(self.model, hidden, sched.scheduled, qsl.tolist())
+        if pooling:
+            accumulate(hidden, pooling, qsl)
         if rows_idx is None:
             times.prepare, times.forward = t1 - t0, time.perf_counter() - t1
             return SampledTokens()

@@ -35,6 +35,8 @@ class RequestDelta:
     index: int = 0
     choice_end: Optional[str] = None
     choices: Optional[list] = None
+    # A pooling request's (embeddings) only delta: its vector, float32 numpy on the host.
+    embedding: Optional[object] = None
 
 
 @dataclass
@@ -51,6 +53,15 @@ class CompletionOutput:
     prompt_logprobs: Optional[list[Optional[dict[int, float]]]] = None
     # With n > 1: every sample of the prompt, this output first.
     samples: list["CompletionOutput"] = field(default_factory=list, compare=False, repr=False)
+
+
+@dataclass
+class EmbeddingOutput:
+    """The pooled vector of one prompt from ``LLM.embed``."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    embedding: list[float]
 
 
 @dataclass

@@ -34,7 +34,7 @@ class Request:
         "output_token_ids", "prompt_logprobs", "prompt_logprobs_sent", "num_computed_tokens",
         "num_cached_tokens", "num_preemptions", "status", "finish_reason", "block_hashes",
         "detokenizer", "penalty_tokens", "matcher", "reasoning_gate", "bias_tensors", "shapes_logits", "spec_token_ids",
-        "token_seed",
+        "token_seed", "pooling", "pooled",
     )
 
     def __init__(
@@ -95,6 +95,10 @@ class Request:
         # A seeded request draws output token i from draws keyed by (seed, i)
         # (engine/keyed_draws.py): the same whatever step, batch or attempt.
         self.token_seed: Optional[int] = None
+        # A pooling request (embeddings, engine/pooling.py): its Pooling, and the vector
+        # its prompt chunks build up; it samples nothing and ends after its prompt.
+        self.pooling = None
+        self.pooled = None
 
     @property
     def num_tokens(self) -> int:

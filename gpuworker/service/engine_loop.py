@@ -20,6 +20,7 @@ from inferq.schemas import keys
 
 from inferq.gpuworker.engine.outputs import RequestDelta
 from inferq.gpuworker.service.choices import ChoiceGroup, choice_params, choice_request_id
+from inferq.gpuworker.service.embed_jobs import pooling_of
 from inferq.gpuworker.service.messages import AbortJob, AddJob, Dropped, DropJob, Failed, Rejected, StepOutput
 from inferq.gpuworker.service.state import InFlight, JobState
 
@@ -170,7 +171,8 @@ class EngineLoop(threading.Thread):
             self.engine.add_request(rid, st.prompt_ids, choice_params(job.sampling, index),
                                     priority=engine_priority(job), deadline=job.deadline, arrival_time=st.created,
                                     matcher=None if st.matcher is None else st.matcher.deep_copy(),
-                                    continue_token_ids=() if cont is None else cont.token_ids)
+                                    continue_token_ids=() if cont is None else cont.token_ids,
+                                    pooling=pooling_of(job))
         except ValueError as e:
             self._abort_group(st.id)
             self.out.put(Rejected(st, "invalid_request", str(e)))

@@ -27,7 +27,7 @@ from inferq.schemas.queues import Lane
 from inferq.schemas.redis_errors import REFUSING_WRITES, UNAVAILABLE
 
 from inferq.gpuworker.engine.grammar import GrammarError
-from inferq.gpuworker.service import migration, replies
+from inferq.gpuworker.service import migration, replies, token_jobs
 from inferq.gpuworker.service.batch import Batch, retrying
 from inferq.gpuworker.service.context import WorkerContext
 from inferq.gpuworker.service.lanes import LaneReader
@@ -267,6 +267,9 @@ class Intake(threading.Thread):
             if job.deadline is not None and job.deadline <= now:
                 self._finish_early(b, st, "deadline")
                 continue
+            if job.task in ("tokenize", "detokenize"):
+                self._answer_tokens(b, st)
+                continue
             try:
                 st.prompt_ids = self.prompts.token_ids(job)
             except PromptError as e:
@@ -291,7 +294,7 @@ class Intake(threading.Thread):
                 st.log.info("job_started", prompt_tokens=len(st.prompt_ids), reclaimed=attempt > 1)
         b.send(self.r, give_up=self._give_up, log=self.log)
         for st in ready:
-            if st.attempt > 1:
+            if st.attempt > 1 and st.job.task == "generate":
                 self._plan_continuation(st)
         if ready:
             # Queued to the publisher before the engine can produce a delta for them.
@@ -319,6 +322,24 @@ class Intake(threading.Thread):
         self.log.warning("job_rejected", job_id=job_id, entry_id=entry_id, attempt=attempt, code=code, reason=message)
         replies.fail(b, self.ctx, lane=lane, entry_id=entry_id, raw=raw, job_id=job_id, attempt=attempt if claimed else 0,
                      event_attempt=attempt, seq=0, code=code, message=message)
+
+    def _answer_tokens(self, b: Batch, st: JobState) -> None:
+        """Tokenize / detokenize: answered here with the model's tokenizer (no engine
+        step): one delta with the text or token ids, and ``done``."""
+        try:
+            text, ids = token_jobs.answer(st.job, self.prompts)
+        except PromptError as e:
+            self._reject(b, st.lane, st.entry_id, st.raw, st.id, st.attempt, e.code, str(e))
+            return
+        except Exception as e:  # a tokenizer failure is this job's problem, not the worker's
+            self._reject(b, st.lane, st.entry_id, st.raw, st.id, st.attempt, "invalid_prompt", f"tokenization failed: {e}")
+            return
+        replies.start(b, self.ctx, st)
+        replies.add_delta(b, self.ctx, st, text, ids, None)
+        replies.finish(b, self.ctx, st, "stop", Usage(prompt_tokens=len(ids), completion_tokens=0),
+                       max_model_len=self.prompts.max_model_len)
+        self.metrics.finished("stop")
+        st.log.info("job_finished", finish_reason="stop", task=st.job.task, tokens=len(ids))
 
     def _finish_early(self, b: Batch, st: JobState, reason: str) -> None:
         """Cancelled or past its deadline before prefill: done without the engine."""

@@ -50,7 +50,11 @@ class PromptBuilder:
             ids = list(self.tok(text, add_special_tokens=False).input_ids)
         if not ids:
             raise PromptError("empty_prompt", "the prompt is empty after tokenization")
-        if len(ids) >= self.max_model_len:
+        if job.task == "embed":  # nothing is generated: the input may fill the context
+            if len(ids) > self.max_model_len:
+                raise PromptError("prompt_too_long", f"the input has {len(ids)} tokens, but this model's context is "
+                                                     f"{self.max_model_len} tokens (max_model_len)")
+        elif len(ids) >= self.max_model_len:
             raise PromptError(
                 "prompt_too_long",
                 f"the prompt has {len(ids)} tokens, but this model allows at most {self.max_model_len - 1} "

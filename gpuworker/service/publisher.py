@@ -22,6 +22,7 @@ from inferq.schemas.job import JOB_FIELD
 from inferq.gpuworker.service import replies
 from inferq.gpuworker.service.batch import Batch
 from inferq.gpuworker.service.context import WorkerContext
+from inferq.gpuworker.service.embed_jobs import encode_embedding
 from inferq.gpuworker.service.messages import STOP, AbortJob, Dropped, DropJob, Failed, Rejected, Started, Stop, StepOutput
 from inferq.gpuworker.service.state import InFlight, JobState
 
@@ -187,8 +188,9 @@ class Publisher(threading.Thread):
     def _finish(self, rnd: _Round, st: JobState, d, t: float) -> None:
         usage = Usage(prompt_tokens=d.num_prompt_tokens, completion_tokens=d.num_output_tokens,
                       cached_tokens=d.num_cached_tokens)
+        embedding = None if d.embedding is None else encode_embedding(d.embedding)
         rnd.fenced.append((st, "finish", replies.finish(rnd.b, self.ctx, st, d.finish_reason, usage, now=t,
-                                                                 choices=d.choices)))
+                                                                 choices=d.choices, embedding=embedding)))
         rnd.n_events += 1
         rnd.finished.append(st)
         self.metrics.finished(d.finish_reason)

@@ -8,7 +8,7 @@ import time
 from typing import Optional
 
 from inferq.schemas import DoneEvent, ErrorEvent, RestartedEvent, StartedEvent, Timings, Usage, encode_event, keys, records
-from inferq.schemas import transitions
+from inferq.schemas import completion_events, transitions
 from inferq.schemas.events import ChoiceEnd
 from inferq.schemas.queues import Lane
 
@@ -59,8 +59,10 @@ def start(b: Batch, ctx: WorkerContext, st: JobState) -> int:
 
 
 def finish(b: Batch, ctx: WorkerContext, st: JobState, reason: str, usage: Usage, now: Optional[float] = None,
-           choices: Optional[list] = None) -> int:
-    """``done`` event, final status, then ack + delete the job entry."""
+           choices: Optional[list] = None, embedding: Optional[str] = None,
+           max_model_len: Optional[int] = None) -> int:
+    """``done`` event, final status, then ack + delete the job entry. ``embedding``
+    (task embed) and ``max_model_len`` (task tokenize) ride on the ``done`` event."""
     now = time.time() if now is None else now
     created = st.created
     ev = DoneEvent(
@@ -74,13 +76,15 @@ def finish(b: Batch, ctx: WorkerContext, st: JobState, reason: str, usage: Usage
             ChoiceEnd(index=c.index, finish_reason=c.finish_reason, completion_tokens=c.completion_tokens,
                       stop_reason=c.stop_reason if isinstance(c.stop_reason, (str, int)) else None)
             for c in choices],
+        embedding=embedding, max_model_len=max_model_len,
     )
     status = records.CANCELLED if (reason == "abort" and st.cancel_requested) else records.DONE
     fields = {**records.info_done(status, reason, usage.prompt_tokens, usage.completion_tokens),
               "finished_at": repr(now)}
+    completion = completion_events.job_record(st.id, st.job.tenant, status, reason, st.job.metadata.get("route"), now)
     return transitions.finish(b, stream=st.lane.stream, entry_id=st.entry_id, consumer=ctx.consumer, attempt=st.attempt,
                               job_id=st.id, event=encode_event(ev), fields=fields, ttl_after_done=ctx.reply_ttl,
-                              reply_maxlen=reply_cap(ctx, st))
+                              reply_maxlen=reply_cap(ctx, st), completion=completion)
 
 
 def fail(b: Batch, ctx: WorkerContext, *, lane: Lane, entry_id: str, raw, job_id: Optional[str], attempt: int,
@@ -92,7 +96,9 @@ def fail(b: Batch, ctx: WorkerContext, *, lane: Lane, entry_id: str, raw, job_id
     fields = {**records.info_error(code, message), "finished_at": repr(time.time())}
     dead = records.DeadLetter(job=raw, job_id=job_id or "", entry_id=entry_id, code=code, reason=message,
                               attempts=event_attempt, worker=ctx.consumer, failed_at=time.time())
+    tenant, route = completion_events.payload_facts(raw)
+    completion = completion_events.job_record(job_id or "", tenant, records.ERROR, code, route)
     return transitions.fail(b, stream=lane.stream, dlq=lane.dlq, entry_id=entry_id, consumer=ctx.consumer, attempt=attempt,
                             job_id=job_id, error_data=error, fields=fields,
                             dead=dead.redacted() if ctx.dlq_redact else dead, dlq_maxlen=ctx.dlq_maxlen,
-                            ttl_after_done=ctx.reply_ttl, reply_maxlen=ctx.reply_maxlen)
+                            ttl_after_done=ctx.reply_ttl, reply_maxlen=ctx.reply_maxlen, completion=completion)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import socket
-from typing import Optional
+from typing import Literal, Optional
 
 from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
@@ -28,7 +28,7 @@ def _engine_default(knob: str):
 # Worker settings that are EngineConfig knobs of the same name: the one mapping
 # from settings to engine (see engine_config).
 ENGINE_KNOBS = ("attention_backend", "block_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len",
-                "num_kv_blocks", "dtype", "device", "gpu_memory_utilization", "cuda_graphs",
+                "num_kv_blocks", "dtype", "device", "gpu_memory_utilization", "cuda_graphs", "pooling",
                 "reasoning_parser")
 
 
@@ -74,6 +74,9 @@ class WorkerSettings(QueuePolicy):
     grammar_cache_size: int = Field(_engine_default("grammar_cache_size"), ge=1, description="compiled structured-output grammars kept (LRU)")
     # Test aid, off by default: slows every cold grammar compile so a compile time-out can be provoked.
     test_grammar_compile_delay_s: float = Field(0.0, ge=0.0, le=60.0, description="test aid: add this to every grammar compile (0 = off)")
+
+    # Embeddings: a job's pooling when it names none (docs/gateway.md, "Embeddings").
+    pooling: Literal["mean", "last"] = Field(_engine_default("pooling"), description="embeddings: mean | last (token) pooling of the final hidden states, when a job names none")
 
     # Reasoning models (docs/gateway.md "Reasoning models"), vLLM's --reasoning-parser.
     reasoning_parser: str = Field(_engine_default("reasoning_parser"), description="auto (on when the chat template knows <think>) | none | qwen3 | deepseek_r1: a structured-output constraint applies after the reasoning")

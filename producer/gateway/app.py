@@ -11,6 +11,9 @@ from fastapi import FastAPI
 from inferq.producer.settings import ProducerSettings
 
 from inferq.producer.gateway import batch_routes, files_routes, health_routes, jobs_routes, openai_routes
+from inferq.producer.gateway import responses_routes
+from inferq.producer.gateway.responses_state import ResponsesService
+from inferq.producer.gateway.responses_store import ResponseStore
 from inferq.producer.gateway.backend import Backend
 from inferq.producer.gateway.batch_driver import BatchManager
 from inferq.producer.gateway.batch_store import BatchStore
@@ -23,6 +26,9 @@ from inferq.producer.gateway.readers import ReaderLimit
 from inferq.producer.gateway.metrics import GatewayMetrics, RequestMetrics
 from inferq.producer.gateway.runner import Context
 from inferq.producer.gateway.dashboard.sampler import Sampler
+from inferq.producer.gateway import webhooks
+from inferq.producer.gateway.webhooks import routes as webhook_routes
+from inferq.producer.gateway.webhooks.endpoints import parse_config as parse_webhooks
 
 
 @dataclass
@@ -39,6 +45,7 @@ def create_app(settings: Optional[GatewaySettings] = None,
     settings = settings or GatewaySettings()
     producer_settings = producer_settings or ProducerSettings()
     metrics = GatewayMetrics()
+    configured_webhooks = parse_webhooks(settings.webhooks)  # a bad setting stops the start, with its reason
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -51,14 +58,23 @@ def create_app(settings: Optional[GatewaySettings] = None,
         manager = BatchManager(app.state.ctx, files, store)
         app.state.batch = BatchService(files, store, manager)
         manager.start()  # resumes the batches no live gateway is driving
+        app.state.responses = ResponsesService(app.state.ctx, ResponseStore(
+            backend.redis, settings.responses_ttl_s, settings.responses_max_per_tenant))
+        app.state.responses.start()  # saves ended responses before their reply streams expire
         # Samples only while someone watches the dashboard (dashboard/sampler.py).
         app.state.dashboard_sampler = Sampler(app.state.ctx, worker_metrics_urls(settings),
                                               settings.dashboard_sample_s, settings.dashboard_window_s)
         app.state.dashboard_sampler.start()
+        if settings.webhooks_enabled:  # the dispatcher runs beside the requests, never on their path
+            app.state.webhooks = webhooks.create_service(backend.redis, settings, configured_webhooks, metrics)
+            app.state.webhooks.dispatcher.start()
         try:
             yield
         finally:
+            if settings.webhooks_enabled:
+                await app.state.webhooks.dispatcher.stop()
             await app.state.dashboard_sampler.stop()
+            await app.state.responses.stop()
             await manager.stop()
             await backend.close()
 
@@ -71,7 +87,9 @@ def create_app(settings: Optional[GatewaySettings] = None,
     app.include_router(jobs_routes.router)
     app.include_router(files_routes.router)
     app.include_router(batch_routes.router)
+    app.include_router(responses_routes.router)
     app.include_router(health_routes.router)
+    app.include_router(webhook_routes.router)
     if settings.dashboard:
         from inferq.producer.gateway import dashboard
 

@@ -15,6 +15,7 @@ from typing import Optional
 
 from inferq.schemas import keys
 from inferq.schemas.text import as_str
+from inferq.producer.gateway.webhooks import batch_events
 
 ACTIVE = ("validating", "in_progress", "finalizing", "cancelling")
 FINAL = ("completed", "failed", "expired", "cancelled")
@@ -72,9 +73,14 @@ class BatchStore:
         """Move to ``new`` (setting ``<new>_at`` and ``fields``) if the status is in ``allowed``;
         returns the status found (so the caller knows whether it moved)."""
         fields.setdefault(f"{new}_at", int(time.time()))
+        if new in FINAL:  # marked in the same step; the webhook record follows (webhooks/batch_events.py)
+            fields[batch_events.PENDING] = repr(time.time())
         flat = [x for k, v in fields.items() for x in (k, _enc(v))]
         cur = await self._transition(keys=[keys.batch(batch_id)], args=[",".join(allowed), new, *flat])
-        return as_str(cur) if cur else None
+        cur = as_str(cur) if cur else None
+        if new in FINAL and cur in allowed:
+            await batch_events.record(self.redis, batch_id)
+        return cur
 
     # -- the lines' jobs ------------------------------------------------------
     async def job_map(self, batch_id: str) -> dict[str, str]:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Optional
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -38,6 +38,20 @@ class GatewaySettings(BaseSettings):
     # How chat answers with tool_choice "auto" are searched for tool calls: the
     # format of the served model's family, or "auto" (each format; the first opener found decides).
     tool_parser: Literal["auto", "hermes", "llama3", "mistral"] = "auto"
+    # Reasoning models (docs/gateway.md "Reasoning models"): how a chat answer's <think>
+    # block becomes reasoning_content, as vLLM's --reasoning-parser: "qwen3" or "deepseek_r1"
+    # for every model, or per model ("model-a=qwen3,model-b=deepseek_r1"; "none" turns one
+    # off). A model not named gets the family its workers detected from its chat template.
+    reasoning_parser: str = ""
+
+    @field_validator("reasoning_parser")
+    @classmethod
+    def _reasoning_parser_parses(cls, v: str) -> str:
+        from inferq.producer.gateway.reasoning import parse_setting
+
+        parse_setting(v)  # ValueError naming the bad entry
+        return v
+
     # SSE comment sent when a stream is idle, so proxies keep the connection.
     keepalive_s: float = Field(15.0, gt=0)
     # Secure by default: a gateway reachable from other machines must have API
@@ -66,6 +80,10 @@ class GatewaySettings(BaseSettings):
     batch_cancel_grace_s: float = Field(120.0, gt=0)
     # Seconds between scans for batches no live gateway is driving (resume after a restart).
     batch_scan_s: float = Field(2.0, gt=0)
+    # -- Responses API (docs/gateway.md "Responses API") --
+    responses_ttl_s: int = Field(30 * 86_400, ge=60, description="Seconds a stored response (store: true) is kept.")
+    responses_max_per_tenant: int = Field(10_000, ge=1, description="Stored responses kept per tenant (oldest go first).")
+    responses_background_timeout_s: float = Field(3600.0, gt=0, description="Deadline of a background response's job.")
     # -- operator dashboard (docs/dashboard.md) --
     dashboard: bool = Field(True, description="Serve /dashboard and its JSON API.")
     # Operator (admin) keys, same format as api_keys without tenants: they see every
@@ -77,6 +95,22 @@ class GatewaySettings(BaseSettings):
     dashboard_worker_metrics: str = ""
     dashboard_sample_s: float = Field(2.0, gt=0, description="Seconds between dashboard samples.")
     dashboard_window_s: float = Field(300.0, gt=0, description="How far back the dashboard's charts reach.")
+    # -- webhooks (docs/gateway.md "Webhooks") --
+    webhooks_enabled: bool = Field(True, description="Run the webhook dispatcher and serve /v1/webhook_endpoints.")
+    # Operator endpoints: JSON {"tenant": [{"url", "secret", "events"}]} or "@/path/to/file.json"; "*" = every tenant.
+    webhooks: str = ""
+    webhook_allow_http: bool = Field(False, description="Let tenants register plain-http endpoints (default: https only).")
+    webhook_max_endpoints: int = Field(16, ge=1, description="Endpoints one tenant may register.")
+    webhook_timeout_s: float = Field(10.0, gt=0, description="Seconds an endpoint has to answer one delivery.")
+    webhook_max_attempts: int = Field(12, ge=1, description="Attempts before a delivery is dead-lettered.")
+    webhook_max_age_s: float = Field(72 * 3600.0, gt=0, description="Age after which a failing delivery is dead-lettered.")
+    webhook_backoff_s: float = Field(5.0, gt=0, description="First retry delay; doubles per attempt (with jitter).")
+    webhook_backoff_max_s: float = Field(3600.0, gt=0)
+    webhook_concurrency: int = Field(32, ge=1, description="Deliveries one gateway sends at once.")
+    # A completion record read by a gateway this long ago and not handled: its gateway died.
+    webhook_claim_idle_s: float = Field(30.0, gt=0)
+    webhook_recent_max: int = Field(200, ge=1, description="Recent delivery attempts kept for the dashboard.")
+    webhook_dead_max: int = Field(10_000, ge=1, description="Dead-lettered deliveries kept (per partition).")
 
 
 @dataclass(frozen=True)

@@ -59,6 +59,16 @@ class GatewayMetrics:
                                     ["model", "tenant"], registry=r)
         self.tenant_pending = Gauge("inferq_queue_tenant_pending", "Delivered, unacked jobs per tenant lane",
                                     ["model", "tenant"], registry=r)
+        # Webhooks (producer/gateway/webhooks): set by the dispatcher every few seconds.
+        self.webhook_deliveries = Counter("inferq_gateway_webhook_deliveries_total",
+                                          "Webhook delivery attempts by outcome (delivered, retry, dead)",
+                                          ["outcome"], registry=r)
+        self.webhook_outbox = Gauge("inferq_webhook_outbox_pending", "Webhook deliveries waiting to be sent",
+                                    registry=r)
+        self.webhook_dead = Gauge("inferq_webhook_dead_letters", "Webhook deliveries that ran out of attempts",
+                                  registry=r)
+        self.webhook_backlog = Gauge("inferq_webhook_events_backlog",
+                                     "Completion records not yet turned into deliveries", registry=r)
 
     def set_queue_stats(self, stats, tenants: frozenset = frozenset()) -> None:
         for g in (self.queue_depth, self.queue_waiting, self.queue_pending, self.queue_oldest, self.dlq, self.workers,

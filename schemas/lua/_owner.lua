@@ -21,11 +21,21 @@ local function owns_attempt(info, attempt)
 end
 
 -- ARGV[from] = n, then n (field, value) pairs: returns the flat list and the index after it.
+-- A missing count is 0 (a trailing group the caller left out).
 local function pairs_at(from)
-  local n = tonumber(ARGV[from])
+  local n = tonumber(ARGV[from]) or 0
   local out = {}
   for i = 1, 2 * n do
     out[i] = ARGV[from + i]
   end
   return out, from + 2 * n + 1
+end
+
+-- The completion record of an ended job: written only while the stream exists
+-- (a webhook dispatcher's consumer group creates it), so nothing piles up where
+-- no dispatcher runs; never trimmed: the dispatcher deletes what it has handled.
+local function add_completion(stream, record)
+  if #record > 0 and redis.call("EXISTS", stream) == 1 then
+    redis.call("XADD", stream, "*", unpack(record))
+  end
 end
