@@ -10,6 +10,11 @@ grid axis of the unified kernel); each writes its segment's normalised output
     out = sum_s 2^(lse_s - max lse) * o_s / sum_s 2^(lse_s - max lse)
 
 An empty segment has lse = -inf and weight 0.
+
+Batch-invariant mode cuts the keys at fixed positions instead (``KV_SPLIT_TOKENS``
+keys a segment, whatever the batch: ``invariant_num_kv_splits`` only sizes the grid)
+and merges a row's segments one after another in segment order (``IN_ORDER``), so the
+empty segments past a row's keys add exact zeros and the sum is the same for any count.
 """
 from __future__ import annotations
 
@@ -21,6 +26,16 @@ from inferq.kernels.runtime import KernelLaunch
 
 MIN_KEYS_PER_SPLIT = 128  # below this a segment costs more in launch/merge than it saves
 MAX_SPLITS = 64
+# Batch-invariant mode: keys per segment, the same for every row of every step. Long
+# enough that short contexts stay one segment (no merge), short enough that a single
+# long decode still spreads over a few programs per KV head.
+KV_SPLIT_TOKENS = 512
+
+
+def invariant_num_kv_splits(max_seq_len: int, kv_split_tokens: int = KV_SPLIT_TOKENS) -> int:
+    """Grid segments for batch-invariant mode: enough fixed-size segments for the longest
+    sequence, rounded up to a power of two so few variants compile (the extra ones are empty)."""
+    return triton.next_power_of_2(max(1, triton.cdiv(max_seq_len, kv_split_tokens)))
 
 
 def choose_num_kv_splits(
@@ -64,6 +79,7 @@ def _merge_kv_splits_kernel(
     SPLITS_PAD: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     DIM_PAD: tl.constexpr,
+    IN_ORDER: tl.constexpr,  # batch-invariant mode: fold the segments one by one, in order
 ):
     token = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
@@ -74,11 +90,22 @@ def _merge_kv_splits_kernel(
     dims = tl.arange(0, DIM_PAD)
     row = (token * num_heads + head) * NUM_SPLITS
     lse = tl.load(part_lse_ptr + row + splits, mask=split_ok, other=float("-inf"))
-    top = tl.max(lse, axis=0)
-    weight = tl.exp2(lse - top)  # segment 0 always holds the first key, so top is finite
-    weight = tl.where(split_ok, weight, 0.0)
-    o = tl.load(part_out_ptr + (row + splits)[:, None] * DIM_PAD + dims[None, :], mask=split_ok[:, None], other=0.0)
-    merged = tl.sum(weight[:, None] * o, axis=0) / tl.sum(weight, axis=0)
+    top = tl.max(lse, axis=0)  # a max is exact in any order; segment 0 holds the first key, so it is finite
+    if IN_ORDER:
+        # A tree sum's shape follows SPLITS_PAD (the grid's count, from the batch's longest
+        # sequence); in order, the empty trailing segments add exact zeros.
+        num = tl.zeros([DIM_PAD], tl.float32)
+        den = 0.0
+        for s in range(NUM_SPLITS):
+            w = tl.exp2(tl.load(part_lse_ptr + row + s) - top)
+            num += w * tl.load(part_out_ptr + (row + s) * DIM_PAD + dims)
+            den += w
+        merged = num / den
+    else:
+        weight = tl.exp2(lse - top)
+        weight = tl.where(split_ok, weight, 0.0)
+        o = tl.load(part_out_ptr + (row + splits)[:, None] * DIM_PAD + dims[None, :], mask=split_ok[:, None], other=0.0)
+        merged = tl.sum(weight[:, None] * o, axis=0) / tl.sum(weight, axis=0)
     tl.store(
         out_ptr + token * stride_ot + head * stride_oh + dims * stride_od,
         merged.to(out_ptr.dtype.element_ty),
@@ -89,12 +116,13 @@ def _merge_kv_splits_kernel(
 MERGE_LAUNCH_OPTIONS = dict(num_warps=4)
 
 
-def merge_constants(num_splits: int, head_dim: int, dim_pad: int) -> dict:
+def merge_constants(num_splits: int, head_dim: int, dim_pad: int, in_order: bool = False) -> dict:
     return dict(
         NUM_SPLITS=num_splits,
         SPLITS_PAD=triton.next_power_of_2(num_splits),
         HEAD_DIM=head_dim,
         DIM_PAD=dim_pad,
+        IN_ORDER=in_order,
     )
 
 
@@ -104,13 +132,14 @@ def merge_kv_splits_launch(
     out: torch.Tensor,  # [T, Hq, D]
     query_start_loc: torch.Tensor,  # [B+1]
     num_seqs: int,
+    in_order: bool = False,
 ) -> KernelLaunch:
     num_tokens, num_heads, num_splits, dim_pad = part_out.shape
     return KernelLaunch(
         _merge_kv_splits_kernel,
         (num_tokens, num_heads),
         (part_out, part_lse, out, query_start_loc, num_seqs, num_heads, *out.stride()),
-        {**merge_constants(num_splits, out.shape[2], dim_pad), **MERGE_LAUNCH_OPTIONS},
+        {**merge_constants(num_splits, out.shape[2], dim_pad, in_order), **MERGE_LAUNCH_OPTIONS},
     )
 
 
@@ -120,5 +149,6 @@ def merge_kv_splits(
     out: torch.Tensor,  # [T, Hq, D]
     query_start_loc: torch.Tensor,  # [B+1]
     num_seqs: int,
+    in_order: bool = False,
 ) -> None:
-    merge_kv_splits_launch(part_out, part_lse, out, query_start_loc, num_seqs).run()
+    merge_kv_splits_launch(part_out, part_lse, out, query_start_loc, num_seqs, in_order).run()

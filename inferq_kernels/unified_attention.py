@@ -17,6 +17,12 @@ in fp32 and base 2. With ``num_kv_splits > 1`` (split-K, see
 those tiles and writes a normalised partial output plus its log-sum-exp; a
 second kernel merges the segments.
 
+Batch-invariant mode (``kv_split_tokens`` given): one tile shape for every step
+and segments of a fixed number of keys (``[s * kv_split_tokens, (s+1) *
+kv_split_tokens)``), merged in segment order, so a row's arithmetic depends on
+its position alone, not on the batch, its chunk, or the graph it runs in
+(docs/kernels.md, "Batch invariance (GPU)").
+
 On CPU this only runs under ``TRITON_INTERPRET=1``, set before this module is
 imported.
 """
@@ -30,7 +36,12 @@ import triton.language as tl
 
 from inferq.kernels.checks import check_unified_attention
 from inferq.kernels.runtime import KernelLaunch, check_launchable, num_compute_units
-from inferq.kernels.split_k_decode import choose_num_kv_splits, merge_kv_splits_launch, possible_num_kv_splits
+from inferq.kernels.split_k_decode import (
+    choose_num_kv_splits,
+    invariant_num_kv_splits,
+    merge_kv_splits_launch,
+    possible_num_kv_splits,
+)
 
 # Triton compiles one kernel per distinct specialisation of its arguments (ints equal
 # to 1 or divisible by 16, pointers 16-byte aligned): 1-3 s each, inside a step. These
@@ -92,6 +103,7 @@ def _unified_attention_kernel(
     BLOCK_Q: tl.constexpr,
     BLOCK_N: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
+    SPLIT_TILES: tl.constexpr,  # 0: NUM_SPLITS even segments of the tile's keys; > 0: segments of this many KV tiles
     DOT_IN_FP32: tl.constexpr,
 ):
     q_block = tl.program_id(0)
@@ -126,7 +138,13 @@ def _unified_attention_kernel(
     # Keys [0, kv_end) are visible to at least one row of this tile.
     kv_end = context_len + tl.minimum(q_first + BLOCK_Q, query_len)
     num_tiles = tl.cdiv(kv_end, BLOCK_N)
-    tiles_per_split = tl.cdiv(num_tiles, NUM_SPLITS)
+    if SPLIT_TILES == 0:
+        tiles_per_split = tl.cdiv(num_tiles, NUM_SPLITS)
+    else:
+        # Fixed key ranges: a row's segments depend on its position only. A tile past a
+        # row's last key (seen by a later row of the tile) leaves its m, l and acc exactly
+        # as they were (p = 0, alpha = 1), so the row gets a decode row's bits.
+        tiles_per_split = SPLIT_TILES
     tile_lo = split * tiles_per_split
     tile_hi = tl.minimum(tile_lo + tiles_per_split, num_tiles)
 
@@ -195,13 +213,21 @@ def kernel_constants(
     block_size: int,
     max_query_len: int,
     num_kv_splits: int,
+    kv_split_tokens: int | None = None,
 ) -> dict:
-    """The constexpr arguments of one launch (also used to compile ahead of time for a GPU)."""
+    """The constexpr arguments of one launch (also used to compile ahead of time for a GPU).
+    ``kv_split_tokens``: batch-invariant mode, one tile shape whatever the step."""
     queries_per_kv = num_heads // num_kv_heads
-    # decodes leave most rows of a big tile idle; tl.dot needs >= 16
-    rows = 16 if max_query_len <= DECODE_TILE_MAX_QUERY_LEN else 64
+    # decodes leave most rows of a big tile idle; tl.dot needs >= 16. Batch-invariant mode
+    # keeps the decode tile for prompt chunks too: another tile shape may sum a dot in
+    # another order (on Hopper, 64-row tiles can take wgmma where 16-row ones take mma).
+    invariant = kv_split_tokens is not None
+    rows = 16 if invariant or max_query_len <= DECODE_TILE_MAX_QUERY_LEN else 64
     block_m = max(rows, triton.next_power_of_2(queries_per_kv))
     dim_pad = max(16, triton.next_power_of_2(head_dim))
+    block_n = 32 if (dtype == torch.float32 and dim_pad >= 128) else 64  # fp32 tiles cost twice the registers
+    if invariant and (kv_split_tokens < block_n or kv_split_tokens % block_n):
+        raise ValueError(f"kv_split_tokens must be a multiple of the KV tile ({block_n} keys), got {kv_split_tokens}")
     return dict(
         QUERIES_PER_KV=queries_per_kv,
         HEAD_DIM=head_dim,
@@ -209,18 +235,27 @@ def kernel_constants(
         BLOCK_SIZE=block_size,
         BLOCK_M=block_m,
         BLOCK_Q=block_m // queries_per_kv,
-        BLOCK_N=32 if (dtype == torch.float32 and dim_pad >= 128) else 64,  # fp32 tiles cost twice the registers
+        BLOCK_N=block_n,
         NUM_SPLITS=num_kv_splits,
+        SPLIT_TILES=kv_split_tokens // block_n if invariant else 0,
         DOT_IN_FP32=dtype == torch.float32 or device_type == "cpu",
     )
 
 
 def compile_variants(
-    num_kv_heads: int, max_seq_len: int, max_query_len: int, num_compute_units: int, num_kv_splits: int | None = None
+    num_kv_heads: int, max_seq_len: int, max_query_len: int, num_compute_units: int, num_kv_splits: int | None = None,
+    kv_split_tokens: int | None = None,
 ) -> list[tuple[int, int]]:
     """One ``(max_query_len, num_kv_splits)`` per constexpr set steps up to these limits can
     launch with (the other arguments no longer key compiles): decodes at each split-K count
-    ``choose_num_kv_splits`` can pick (or the fixed one), and 64-row prefill tiles."""
+    ``choose_num_kv_splits`` can pick (or the fixed one), and 64-row prefill tiles.
+    Batch-invariant mode (``kv_split_tokens``): one tile for all, at each segment count
+    ``invariant_num_kv_splits`` can give (or the fixed one)."""
+    if kv_split_tokens is not None:
+        if num_kv_splits is not None:
+            return [(1, num_kv_splits)]
+        most = invariant_num_kv_splits(max_seq_len, kv_split_tokens)
+        return [(1, 1 << i) for i in range(most.bit_length())]
     if num_kv_splits is None:
         decode_splits = possible_num_kv_splits(num_kv_heads, max_seq_len, num_compute_units)
         prefill_splits = 1
@@ -244,8 +279,13 @@ def unified_attention_launches(
     max_seq_len: int,
     softmax_scale: float,
     num_kv_splits: int | None = None,  # None: split-K chosen automatically for decode-only batches
+    kv_split_tokens: int | None = None,  # batch-invariant mode: segments of this many keys
 ) -> list[KernelLaunch]:
-    """The launches of ``unified_attention``, in order, not run (split-K scratch allocated)."""
+    """The launches of ``unified_attention``, in order, not run (split-K scratch allocated).
+
+    Batch-invariant mode (``kv_split_tokens``): ``num_kv_splits`` is only the grid's segment
+    count, at least ``cdiv(max_seq_len, kv_split_tokens)`` (None: that, rounded up to a power
+    of two); segments past a row's keys are empty and weigh exactly 0 in the merge."""
     check_unified_attention(q, key_cache, value_cache, out, query_start_loc, seq_lens, block_tables, num_kv_splits)
     check_launchable(_unified_attention_kernel, key_cache)
     if key_cache.stride() != value_cache.stride():
@@ -255,12 +295,20 @@ def unified_attention_launches(
     if num_tokens == 0 or num_seqs == 0:
         return []
     _, block_size, num_kv_heads, _ = key_cache.shape
-    if num_kv_splits is None:
+    if kv_split_tokens is not None:
+        needed = triton.cdiv(max_seq_len, kv_split_tokens)
+        if num_kv_splits is None:
+            num_kv_splits = invariant_num_kv_splits(max_seq_len, kv_split_tokens)
+        elif num_kv_splits < needed:
+            raise ValueError(f"num_kv_splits={num_kv_splits} segments of {kv_split_tokens} keys cannot hold "
+                             f"max_seq_len={max_seq_len}; batch-invariant mode needs at least {needed}")
+    elif num_kv_splits is None:
         num_kv_splits = choose_num_kv_splits(
             num_seqs, num_kv_heads, max_query_len, max_seq_len, num_compute_units(q.device)
         )
     const = kernel_constants(
-        q.dtype, q.device.type, num_heads, num_kv_heads, head_dim, block_size, max_query_len, num_kv_splits
+        q.dtype, q.device.type, num_heads, num_kv_heads, head_dim, block_size, max_query_len, num_kv_splits,
+        kv_split_tokens,
     )
 
     if num_kv_splits > 1:
@@ -288,7 +336,8 @@ def unified_attention_launches(
     )
     if num_kv_splits == 1:
         return [attention]
-    return [attention, merge_kv_splits_launch(part_out, part_lse, out, query_start_loc, num_seqs)]
+    in_order = kv_split_tokens is not None
+    return [attention, merge_kv_splits_launch(part_out, part_lse, out, query_start_loc, num_seqs, in_order)]
 
 
 def unified_attention(
@@ -303,6 +352,7 @@ def unified_attention(
     max_seq_len: int,
     softmax_scale: float,
     num_kv_splits: int | None = None,  # None: split-K chosen automatically for decode-only batches
+    kv_split_tokens: int | None = None,  # batch-invariant mode: segments of this many keys
 ) -> torch.Tensor:
     """Causal attention of each sequence's new tokens over its whole cached sequence.
 
@@ -315,7 +365,7 @@ def unified_attention(
     """
     for launch in unified_attention_launches(
         q, key_cache, value_cache, out, query_start_loc, seq_lens, block_tables,
-        max_query_len, max_seq_len, softmax_scale, num_kv_splits,
+        max_query_len, max_seq_len, softmax_scale, num_kv_splits, kv_split_tokens,
     ):
         launch.run()
     return out

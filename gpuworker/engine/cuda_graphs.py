@@ -9,7 +9,11 @@ outputs are ignored. Mixed or prefill steps and bigger batches run eagerly.
 Graphs bake in every launch configuration, so each size is captured with a
 fixed split-K count: the one the eager path's chooser (``choose_num_kv_splits``,
 used by ``unified_attention``) picks for a decode step of that many sequences at
-the longest context a replay may see. A self-check compares a replay against
+the longest context a replay may see. In batch-invariant mode (the backend's
+``batch_invariant``) every size gets the same count instead: enough segments of the
+fixed ``kv_split_tokens`` keys for that context, which is what an eager step gives a
+row too (the segments past a row's keys weigh exactly 0), so a replayed row has the
+eager row's bits whatever the graph size. A self-check compares a replay against
 the eager forward before the graphs are trusted, within a few roundings of the
 model's dtype; any mismatch or capture error falls back to eager execution with
 a warning.
@@ -23,7 +27,7 @@ import torch
 
 from inferq.gpuworker.attention.base import AttentionMetadata
 from inferq.kernels.runtime import num_compute_units
-from inferq.kernels.split_k_decode import choose_num_kv_splits
+from inferq.kernels.split_k_decode import choose_num_kv_splits, invariant_num_kv_splits
 
 log = logging.getLogger(__name__)
 
@@ -35,10 +39,14 @@ SELF_CHECK_ROUNDINGS = 8
 _MIN_RELATIVE_STEP = 2.0**-16
 
 
-def graph_num_kv_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, compute_units: int) -> int:
+def graph_num_kv_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, compute_units: int,
+                        kv_split_tokens: int | None = None) -> int:
     """Split-K of the graph for ``num_seqs`` sequences: the eager chooser's pick for a
     decode step of that many at ``max_seq_len``. Long contexts are what split-K is for;
-    on a shorter one the extra segments are empty and return at once."""
+    on a shorter one the extra segments are empty and return at once. Batch-invariant
+    mode (``kv_split_tokens``): the fixed-size segments ``max_seq_len`` needs, any size."""
+    if kv_split_tokens is not None:
+        return invariant_num_kv_splits(max_seq_len, kv_split_tokens)
     return choose_num_kv_splits(num_seqs, num_kv_heads, 1, max_seq_len, compute_units)
 
 
@@ -78,7 +86,9 @@ class DecodeGraphs:
         self.sizes = capture_sizes(max_num_seqs)
         num_kv_heads = kv_caches[0][0].shape[2]  # [blocks, block size, kv heads, head dim]
         units = num_compute_units(torch.device(device))
-        self.num_kv_splits = {n: graph_num_kv_splits(n, num_kv_heads, max_model_len, units) for n in self.sizes}
+        split_tokens = getattr(backend, "split_tokens", None)  # set in batch-invariant mode
+        self.num_kv_splits = {n: graph_num_kv_splits(n, num_kv_heads, max_model_len, units, split_tokens)
+                              for n in self.sizes}
         n = self.sizes[-1]
         self.max_blocks = -(-max_model_len // block_size)
         self.max_seq_len = max_model_len
