@@ -10,6 +10,7 @@ GROUPS: dict[str, dict[str, str]] = {
     "serving and the queue": {
         "serve": "load-test a running inferq through Redis or the gateway (like `vllm bench serve`)",
         "serve-vs-vllm": "inferq through Redis vs `vllm serve`, same model and arrivals, alternating rounds",
+        "llama-cpp-peer": "inferq's gateway vs `llama-server` on one GGUF file: one long request, 24 mixed ones, 1-2 threads",
         "gateway-vs-sdk": "the gateway (OpenAI HTTP) vs the SDK (Redis) on one `inferq up`",
         "queue-overhead": "what the queue and reply path add per job vs the same engine in-process; publisher events/s",
         "redis-cost": "Redis commands, bytes and server CPU per job and per reply event, with a real worker",
@@ -24,7 +25,9 @@ GROUPS: dict[str, dict[str, str]] = {
         "speculative": "n-gram speculative decoding vs plain decoding on copy-heavy and random mixes (and vs vLLM)",
         "migration": "a taken-over job finished by continuing its published tokens vs regenerating them",
         "step": "per-step host overhead (schedule, prepare, forward, sample, output) at batch 1/64/256",
+        "step-breakdown": "a batch-1 decode step split into kernels, model ops, sampler, detokenizer, bookkeeping, Python; vs the weight stream of its bytes",
         "prompt-step": "a prompt step joining running decodes, then a decode step, on the bundled model",
+        "perplexity": "perplexity and KL vs the fp32 model per GGUF quantization type, beside `llama-perplexity`",
         "weight-memory": "the engine's resident memory on the bundled model beside one copy of its weights",
         "host-malloc": "the CPU engine with glibc's malloc thresholds raised (the default) vs not",
         "roofline": "the CPU path's scaling model: ceilings measured at 1..N threads, steps projected to servers",
