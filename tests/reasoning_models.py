@@ -6,6 +6,8 @@ text) and a chat template of either family:
 * ``QWEN3_TEMPLATE``: Qwen3's generation prompt; ``enable_thinking=false`` closes an
   empty block in the prompt (``<think>\\n\\n</think>\\n\\n``).
 * ``R1_TEMPLATE``: DeepSeek-R1's: the generation prompt opens ``<think>\\n``.
+* ``SWITCH_TEMPLATE``: opens the block as R1's does, or closes an empty one with
+  ``enable_thinking=false``.
 
 Two rarely used special tokens of the SmolLM2 tokenizer (ids 3 and 4) are renamed,
 so the vocabulary (and the model's embedding) keeps its size.
@@ -25,6 +27,11 @@ QWEN3_TEMPLATE = (_TURNS + "{%- if add_generation_prompt %}{{- '<|im_start|>assi
                   "{%- if enable_thinking is defined and enable_thinking is false %}"
                   "{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}{%- endif %}")
 R1_TEMPLATE = _TURNS + "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n<think>\\n' }}{%- endif %}"
+# Opens the block unless told not to think (a thinking model with a switch): detected as
+# deepseek_r1, and enable_thinking=false closes an empty block instead.
+SWITCH_TEMPLATE = (_TURNS + "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
+                   "{%- if enable_thinking is defined and enable_thinking is false %}"
+                   "{{- '<think>\\n\\n</think>\\n\\n' }}{%- else %}{{- '<think>\\n' }}{%- endif %}{%- endif %}")
 
 
 def save_thinking_model(folder: Path, template: str, seed: int = 0) -> Path:

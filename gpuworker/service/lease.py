@@ -80,6 +80,7 @@ class LeaseKeeper(threading.Thread):
         pipe.zadd(self.ctx.workers_key, {self.ctx.consumer: now})
         # Forget workers silent for an hour (killed ones never say goodbye).
         pipe.zremrangebyscore(self.ctx.workers_key, "-inf", now - 3600)
+        pipe.expire(keys.model_info(self.ctx.model), keys.MODEL_INFO_TTL_S)
         pipe.execute()
         if self.identity is not None and not self.identity.renew(self.r):
             # We stalled past the id's TTL and another process took the id: two

@@ -15,6 +15,7 @@ import string
 from typing import Optional
 
 from inferq.schemas.job import ChatMessage, Job
+from inferq.schemas.reasoning import detect_parser
 
 
 class PromptError(ValueError):
@@ -75,6 +76,22 @@ class PromptBuilder:
                                                 tokenize=False, add_generation_prompt=True, **extra)
         return self.tok.apply_chat_template(fallback_messages(messages, tools), tokenize=False,
                                             add_generation_prompt=True, **extra)
+
+
+def reasoning_family(setting: str, tokenizer) -> str:
+    """The reasoning family a model's outputs are split by: the setting when it names
+    one, else detected from the chat template and the generation prompt it renders
+    (a template that opens ``<think>`` there is ``deepseek_r1``-style)."""
+    name = (setting or "").strip().lower()
+    if name != "auto":
+        return name or "none"
+    template = getattr(tokenizer, "chat_template", None)
+    try:
+        opening = tokenizer.apply_chat_template([{"role": "user", "content": "Hi"}], tokenize=False,
+                                                add_generation_prompt=True)
+    except Exception:  # a template that needs more (a system turn, tools): the template alone decides
+        opening = ""
+    return detect_parser(template if isinstance(template, str) else None, opening) or "none"
 
 
 _TOOLS_WORD = re.compile(r"\btools\b")

@@ -10,6 +10,7 @@ import signal
 import threading
 import time
 
+from inferq.schemas import keys
 from inferq.schemas.redis_checks import queue_warnings
 from inferq.schemas.text import as_str
 
@@ -23,7 +24,7 @@ from inferq.gpuworker.service.identity import WorkerIdentity
 from inferq.gpuworker.service.intake import Intake
 from inferq.gpuworker.service.lease import LeaseKeeper
 from inferq.gpuworker.engine.grammar import GrammarCompiler
-from inferq.gpuworker.service.prompts import PromptBuilder
+from inferq.gpuworker.service.prompts import PromptBuilder, reasoning_family
 from inferq.gpuworker.service.publisher import STOP, Publisher
 from inferq.gpuworker.service.settings import WorkerSettings
 from inferq.gpuworker.service.state import InFlight
@@ -115,6 +116,12 @@ class Worker:
             "eos_token_ids": ",".join(str(i) for i in eng.eos_token_ids),
             "speculative_config": "" if getattr(eng, "spec", None) is None else eng.spec.config.describe(),
         })
+        # The gateway splits reasoning from content by the family found here (its own setting may override).
+        family = "none" if getattr(eng, "reasoning", None) is None else reasoning_family(eng.config.reasoning_parser,
+                                                                                         eng.tokenizer)
+        info = keys.model_info(self.ctx.model)
+        self.r.pipeline(transaction=False).hset(info, "reasoning_parser", family).expire(
+            info, keys.MODEL_INFO_TTL_S).execute()
         self.inflight = InFlight(self.s.max_num_seqs)
         self.to_engine: queue.Queue = queue.Queue()
         self.to_publisher: queue.Queue = queue.Queue()

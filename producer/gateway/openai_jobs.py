@@ -8,12 +8,14 @@ from typing import Awaitable, Callable, Optional
 
 from inferq.schemas import Job
 from inferq.schemas.fold import Assembly
+from inferq.schemas.reasoning import ReasoningFormat
 from inferq.producer.gateway import openai_format as fmt
 from inferq.producer.gateway.errors import bad_request
 from inferq.producer.gateway.openai_schemas import (
     ChatCompletionRequest, CompletionRequest, build_sampling, check_prompt_size,
 )
 from inferq.producer.gateway.openai_tools import ToolPlan, plan_tools
+from inferq.producer.gateway.reasoning import families, shape_chat_body
 from inferq.producer.gateway.runner import Context, make_job
 
 Resolver = Callable[[Optional[str]], Awaitable[str]]
@@ -30,6 +32,7 @@ class Prepared:
     echo: bool = False
     echo_logprobs: bool = False
     tools: Optional[ToolPlan] = None  # chat with tools: the answer's text becomes tool_calls
+    reasoning: Optional[ReasoningFormat] = None  # a thinking model: its <think> block becomes reasoning_content
 
     def body(self, job_id: str, asm: Assembly) -> dict:
         """The non-streaming response body of the endpoint."""
@@ -37,6 +40,8 @@ class Prepared:
             return fmt.completion_response(job_id, self.model, asm, self.prefix, self.logprobs_n, echo=self.echo,
                                            prompt_logprobs_n=self.prompt_logprobs_n)
         body = fmt.chat_response(job_id, self.model, asm, self.logprobs_n)
+        if self.reasoning is not None:  # before the tool calls: they are read from the content alone
+            shape_chat_body(body, self.reasoning)
         if self.tools is not None:
             self.tools.shape_body(body)
         if self.prompt_logprobs_n is not None:  # vLLM puts them at the top of a chat response
@@ -91,5 +96,7 @@ async def prepare_chat(ctx: Context, req: ChatCompletionRequest, resolve: Resolv
     job = make_job(model=model, messages=messages, sampling=sampling, tools=tools.job_tools() if tools else None,
                    priority=req.priority if priority is None else priority, tenant=tenant, deadline=deadline,
                    priority_class=priority_class or req.priority_class, session_id=req.session_id,
+                   chat_template_kwargs=req.chat_template_kwargs,
                    metadata={"route": "chat.completions", **(metadata or {})})
-    return Prepared("chat", job, model, logprobs_n, req.prompt_logprobs, tools=tools)
+    reasoning = await families(ctx).for_request(model, req.chat_template_kwargs)
+    return Prepared("chat", job, model, logprobs_n, req.prompt_logprobs, tools=tools, reasoning=reasoning)

@@ -18,6 +18,7 @@ from inferq.producer.gateway.errors import APIError, job_expired_error, reply_di
 from inferq.producer.gateway.openai_jobs import prepare_chat, prepare_completion
 from inferq.producer.gateway.openai_schemas import ChatCompletionRequest, CompletionRequest
 from inferq.producer.gateway.openai_tools import ToolDeltas
+from inferq.producer.gateway.reasoning import ReasoningDeltas
 from inferq.producer.gateway.runner import (
     Context, GatewayTimeout, admit, cancel_shielded, ctx_of, raise_for_error, resolve_model, stream_pieces,
     wait_for_result,
@@ -57,7 +58,8 @@ async def chat_completions(req: ChatCompletionRequest, request: Request, princip
     if req.stream:
         return StreamingResponse(_stream(ctx, "chat", job_id, p.model, req.include_usage, p.logprobs_n, "",
                                          prompt_logprobs_n=req.prompt_logprobs,
-                                         tools=p.tools.deltas() if p.tools else None, n=req.n),
+                                         tools=p.tools.deltas() if p.tools else None, n=req.n,
+                                         reasoning=ReasoningDeltas(p.reasoning) if p.reasoning else None),
                                  media_type="text/event-stream", headers={**sse.SSE_HEADERS, **_job_headers(job_id)})
     asm = await wait_for_result(ctx, request, job_id)
     raise_for_error(asm, job_id)
@@ -72,9 +74,12 @@ def _json(body: dict, job_id: str):
 
 async def _stream(ctx: Context, kind: str, job_id: str, model: str, include_usage: bool,
                   logprobs_n: Optional[int], prefix: str, echo_logprobs: bool = False,
-                  prompt_logprobs_n: Optional[int] = None, tools: Optional[ToolDeltas] = None, n: int = 1):
+                  prompt_logprobs_n: Optional[int] = None, tools: Optional[ToolDeltas] = None, n: int = 1,
+                  reasoning: Optional[ReasoningDeltas] = None):
     """SSE body in OpenAI's chunk format. With ``tools`` (chat with tools, one choice)
-    the tool-call parser decides which text is content and which is a call. With ``n`` > 1
+    the tool-call parser decides which text is content and which is a call. With
+    ``reasoning`` (a thinking model) the think block goes out as ``reasoning_content``
+    deltas, before the tool-call parser sees the content. With ``n`` > 1
     the choices' chunks are interleaved as they come, each naming its ``index``. If the
     client disconnects, Starlette cancels this generator and the ``finally`` cancels the job."""
     created = int(time.time())
@@ -137,7 +142,16 @@ async def _stream(ctx: Context, kind: str, job_id: str, model: str, include_usag
                 lp = fmt.piece_logprobs(piece, kind, logprobs_n, other_offsets.get(piece.index, 0))
                 other_offsets[piece.index] = other_offsets.get(piece.index, 0) + len(piece.text)
                 last_sent = time.monotonic()
-                yield sse.data(fmt.chat_chunk(job_id, model, created, {"content": piece.text}, logprobs=lp,
+                text = piece.text
+                if reasoning is not None:
+                    thought, text = reasoning.feed(text, piece.index)
+                    if thought:
+                        yield sse.data(fmt.chat_chunk(job_id, model, created, {"reasoning_content": thought},
+                                                      logprobs=lp, include_usage=include_usage, index=piece.index))
+                        lp = None
+                    if not text and lp is None:
+                        continue
+                yield sse.data(fmt.chat_chunk(job_id, model, created, {"content": text}, logprobs=lp,
                                               include_usage=include_usage, index=piece.index) if kind == "chat" else
                                fmt.completion_chunk(job_id, model, created, piece.text, logprobs=lp,
                                                     include_usage=include_usage, index=piece.index))
@@ -149,11 +163,25 @@ async def _stream(ctx: Context, kind: str, job_id: str, model: str, include_usag
                                                     logprobs=fmt.echo_logprobs(asm, logprobs_n)))
             lp = fmt.piece_logprobs(piece, kind, logprobs_n, offset)
             offset += len(piece.text)
+            text = piece.text
+            if reasoning is not None:
+                thought, text = reasoning.feed(text)
+                if thought:
+                    chunk = fmt.chat_chunk(job_id, model, created, {"reasoning_content": thought}, logprobs=lp,
+                                           include_usage=include_usage)
+                    if prompt_logprobs_n is not None and not plp_sent:
+                        plp_sent = True
+                        chunk["prompt_logprobs"] = fmt.prompt_logprobs_body(asm, prompt_logprobs_n)
+                    last_sent = time.monotonic()
+                    yield sse.data(chunk)
+                    lp = None
+                if not text and lp is None and (prompt_logprobs_n is None or plp_sent):
+                    continue
             if tools is not None:
                 # A piece may give no delta (text held while a call may be opening): its
                 # logprobs then ride on an empty delta.
                 plp_due = prompt_logprobs_n is not None and not plp_sent
-                deltas = tools.feed(piece.text) or ([{}] if lp is not None or plp_due else [])
+                deltas = tools.feed(text) or ([{}] if lp is not None or plp_due else [])
                 for i, delta in enumerate(deltas):
                     chunk = fmt.chat_chunk(job_id, model, created, delta, logprobs=lp if i == 0 else None,
                                            include_usage=include_usage)
@@ -165,13 +193,13 @@ async def _stream(ctx: Context, kind: str, job_id: str, model: str, include_usag
                 continue
             if lp is None and (prompt_logprobs_n is None or plp_sent):
                 last_sent = time.monotonic()
-                yield text_chunk(piece.text)
+                yield text_chunk(text)
                 continue
             if kind == "chat":
-                chunk = fmt.chat_chunk(job_id, model, created, {"content": piece.text}, logprobs=lp,
+                chunk = fmt.chat_chunk(job_id, model, created, {"content": text}, logprobs=lp,
                                        include_usage=include_usage)
             else:
-                chunk = fmt.completion_chunk(job_id, model, created, piece.text, logprobs=lp,
+                chunk = fmt.completion_chunk(job_id, model, created, text, logprobs=lp,
                                              include_usage=include_usage)
             if prompt_logprobs_n is not None and not plp_sent:  # with the first content chunk
                 plp_sent = True
@@ -190,6 +218,15 @@ async def _stream(ctx: Context, kind: str, job_id: str, model: str, include_usag
             except APIError as e:
                 yield sse.data(e.body())
         else:
+            if reasoning is not None:  # text a tag might still have started: the output is over
+                for i in range(n):
+                    thought, text = reasoning.finish(i)
+                    if thought:
+                        yield sse.data(fmt.chat_chunk(job_id, model, created, {"reasoning_content": thought},
+                                                      include_usage=include_usage, index=i))
+                    for delta in (tools.feed(text) if tools is not None else [{"content": text}]) if text else []:
+                        yield sse.data(fmt.chat_chunk(job_id, model, created, delta, include_usage=include_usage,
+                                                      index=i))
             if tools is not None:  # tools answer with one choice (n > 1 with tools is a 400)
                 for delta in tools.finish():
                     yield sse.data(fmt.chat_chunk(job_id, model, created, delta, include_usage=include_usage))

@@ -177,6 +177,8 @@ class ChatCompletionRequest(_Common):
     tools: Optional[list[ToolDef]] = None
     tool_choice: Optional[ToolChoice] = None
     parallel_tool_calls: bool = True
+    # vLLM's: extra variables for the model's chat template, e.g. {"enable_thinking": false}.
+    chat_template_kwargs: Optional[dict[str, Any]] = None
 
     def job_messages(self) -> list[dict]:
         return [m.job_message() for m in self.messages]

@@ -27,6 +27,7 @@ class Context:
     settings: GatewaySettings
     default_model: str
     metrics: Any  # inferq.producer.gateway.metrics.GatewayMetrics
+    reasoning: Any = None  # inferq.producer.gateway.reasoning.ReasoningFamilies, made on first use
 
 
 def ctx_of(request: Request) -> Context:
