@@ -1,0 +1,266 @@
+"""Linears on GGUF-quantized weights as they are stored (inferq_kernels/cpu/quant_linear.c).
+
+A decode step of one sequence reads every weight once; a 4-bit weight is a quarter of the
+bytes of a bf16 one, so the matmul unpacks the file's blocks in registers and never holds a
+dequantized copy. The activations are quantized to int8 blocks of 32 once per call (shared by
+the segments of a fused weight), then each weight row is one integer dot product per block
+(AVX512-VNNI's vpdpbusd, or AVX2's vpmaddubsw), scaled in float.
+
+``QuantLinear`` is one fused projection (q|k|v, gate|up, or a single one): a list of
+``QuantWeight`` segments, each rows of one ggml type (a Q4_K_M file mixes Q4_K and Q6_K: its
+v and down projections are often Q6_K), written into column slices of one output. A segment
+stored as float (F32 / F16 / BF16 in the file) runs on the float kernels of cpu_linear where
+they apply (multiples of 32), else ``F.linear``.
+"""
+from __future__ import annotations
+
+import ctypes
+import threading
+
+import torch
+import torch.nn.functional as F
+
+from inferq.gpuworker.models import cpu_linear
+from inferq.kernels.cpu import loader
+from inferq.kernels.cpu.quant_reference import SUPPORTED, block_shape, type_name
+
+# The AVX512-VNNI build (256-bit vpdpbusd on 32-element blocks; -march=native for the rest) and
+# the AVX2 one (no -march=native: an AVX-512 build machine cannot slip wider code in). No
+# contraction: each output's float operations are the ones written (batch invariance).
+_FLAGS_VNNI = ["-O3", "-march=native", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mf16c",
+               "-std=gnu11", "-ffp-contract=off"]
+_FLAGS_AVX2 = ["-O3", "-mavx2", "-mfma", "-mf16c", "-std=gnu11", "-ffp-contract=off"]
+
+_lock = threading.Lock()
+_loaded: "ctypes.CDLL | None | bool" = False  # False = not tried yet
+
+
+def load(isa: str | None = None) -> ctypes.CDLL | None:
+    """The compiled kernels (``lib.isa``: "avx512_vnni" or "avx2"), or None where they cannot
+    be had (no compiler, no AVX2, ``INFERQ_CPU_KERNELS=0``). ``isa`` forces a build (tests)."""
+    global _loaded
+    if isa is not None:
+        return _build(isa)
+    with _lock:
+        if _loaded is False:
+            _loaded = _build(best_isa())
+        return _loaded  # type: ignore[return-value]
+
+
+def best_isa() -> str | None:
+    if loader.cpu_has("avx512f", "avx512bw", "avx512vl", "avx512_vnni", "f16c"):
+        return "avx512_vnni"
+    if loader.cpu_has("avx2", "fma", "f16c"):
+        return "avx2"
+    return None
+
+
+def _build(isa: str | None) -> ctypes.CDLL | None:
+    if isa is None or not loader.enabled():
+        return None
+    lib = loader.build("quant_linear", _FLAGS_VNNI if isa == "avx512_vnni" else _FLAGS_AVX2)
+    if lib is None:
+        return None
+    p, i, c = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+    lib.quant_x.argtypes = [p, i, c, i, i, p, p, p]
+    lib.quant_x.restype = None
+    lib.quant_linear.argtypes = [c, p, p, p, i, i, p, i, p, i, c]
+    lib.quant_linear.restype = c
+    lib.quant_rows.argtypes = [c, p, i, p, i, p, c]
+    lib.quant_rows.restype = c
+    lib.quant_isa.restype = ctypes.c_char_p
+    lib.isa = lib.quant_isa().decode()
+    return lib
+
+
+def quantize_x(lib: ctypes.CDLL, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x ``[m, k]`` (float32 / bfloat16, unit column stride) as the kernels read it: int8
+    blocks, their scales, their half-block sums (quant_reference.quantize_activations)."""
+    m, k = x.shape
+    if k % 32:
+        raise ValueError(f"quantized matmul needs k a multiple of 32, got {k}")
+    xq = torch.empty(m, k, dtype=torch.int8)
+    xd = torch.empty(m, k // 32, dtype=torch.float32)
+    xs = torch.empty(m, k // 32, 4, dtype=torch.float32)
+    loader.sync_threads(lib)
+    lib.quant_x(x.data_ptr(), x.stride(0), int(x.dtype == torch.bfloat16), m, k, xq.data_ptr(), xd.data_ptr(),
+                xs.data_ptr())
+    return xq, xd, xs
+
+
+class QuantWeight:
+    """A weight ``[n, k]`` of one ggml type: ``packed`` uint8 ``[n, row_bytes]``, the file's
+    blocks row by row."""
+
+    def __init__(self, packed: torch.Tensor, qtype: int, k: int, name: str = "") -> None:
+        name_part = f" (tensor {name!r})" if name else ""
+        if qtype not in SUPPORTED.values():
+            raise ValueError(f"GGUF type {type_name(qtype)}{name_part} has no native CPU kernel; "
+                             f"supported: {', '.join(SUPPORTED)}")
+        elems, nbytes = block_shape(qtype)
+        if k % elems or packed.dim() != 2 or packed.dtype != torch.uint8 or packed.shape[1] != k // elems * nbytes:
+            raise ValueError(f"{type_name(qtype)} weight{name_part}: {tuple(packed.shape)} bytes do not hold rows of "
+                             f"{k} elements in blocks of {elems}")
+        self.packed = packed.contiguous()
+        self.qtype, self.k, self.n = qtype, k, packed.shape[0]
+        self.type_name = type_name(qtype)
+
+    def run(self, lib: ctypes.CDLL, xq: tuple[torch.Tensor, torch.Tensor, torch.Tensor], y: torch.Tensor) -> None:
+        """y ``[m, n]`` (a column slice of a wider output is fine) = x @ W^T, x quantized."""
+        q, d, s = xq
+        rc = lib.quant_linear(self.qtype, q.data_ptr(), d.data_ptr(), s.data_ptr(), q.shape[0], self.k,
+                              self.packed.data_ptr(), self.n, y.data_ptr(), y.stride(0),
+                              int(y.dtype == torch.bfloat16))
+        if rc != 0:
+            raise RuntimeError(f"quantized matmul failed (rc {rc}) for {self.type_name} ({self.n}, {self.k})")
+
+    def rows(self, lib: ctypes.CDLL, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        ids = ids.reshape(-1).to(torch.int64).contiguous()
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.n):
+            raise IndexError(f"row ids out of range for a table of {self.n} rows")
+        out = torch.empty(ids.numel(), self.k, dtype=dtype)
+        rc = lib.quant_rows(self.qtype, self.packed.data_ptr(), self.k, ids.data_ptr(), ids.numel(), out.data_ptr(),
+                            int(dtype == torch.bfloat16))
+        if rc != 0:
+            raise RuntimeError(f"row lookup failed (rc {rc}) for {self.type_name}")
+        return out
+
+
+class FloatWeight:
+    """A segment stored as float in the file: a cpu_linear PackedWeight where it applies."""
+
+    def __init__(self, weight: torch.Tensor, dtype: torch.dtype) -> None:
+        w = weight.to(dtype).contiguous()
+        self.n, self.k = w.shape
+        lib = cpu_linear.load()
+        self.packed_weight = cpu_linear.PackedWeight(lib, w) if lib is not None and cpu_linear.can_pack(lib, w) else None
+        self.weight = None if self.packed_weight is not None else w
+        self.packed = self.packed_weight.packed if self.packed_weight is not None else w
+
+    def run_float(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        y.copy_(self.packed_weight(x, None) if self.packed_weight is not None else F.linear(x, self.weight))
+
+    def rows(self, lib, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        ids = ids.reshape(-1)
+        got = self.packed_weight.rows(ids) if self.packed_weight is not None else self.weight[ids]
+        return got.to(dtype)
+
+
+class QuantLinear:
+    """One projection of segments stacked by rows; ``__call__(x, bias)`` is ``F.linear`` on
+    their concatenation, in x's dtype (float32 or bfloat16); ``rows(ids)`` an embedding lookup."""
+
+    def __init__(self, lib: ctypes.CDLL, segments: list[QuantWeight | FloatWeight], dtype: torch.dtype) -> None:
+        if not segments or len({s.k for s in segments}) != 1:
+            raise ValueError("a quantized linear needs segments of one width")
+        self.lib, self.segments, self.dtype = lib, segments, dtype
+        self.k = segments[0].k
+        self.n = sum(s.n for s in segments)
+
+    @property
+    def packed(self) -> list[torch.Tensor]:
+        return [s.packed for s in self.segments]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.packed)
+
+    def __call__(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        if x.dim() != 2 or x.shape[1] != self.k:
+            raise ValueError(f"x {tuple(x.shape)} does not fit a quantized weight ({self.n}, {self.k})")
+        if x.dtype not in (torch.float32, torch.bfloat16):
+            raise TypeError(f"quantized matmul takes float32 or bfloat16 activations, got {x.dtype}")
+        if x.stride(1) != 1:
+            x = x.contiguous()
+        y = torch.empty(x.shape[0], self.n, dtype=x.dtype)
+        if x.shape[0] == 0:
+            return y
+        xq = None
+        col = 0
+        for seg in self.segments:
+            out = y[:, col:col + seg.n]
+            if isinstance(seg, QuantWeight):
+                if xq is None:
+                    xq = quantize_x(self.lib, x)  # once for every segment
+                seg.run(self.lib, xq, out)
+            else:
+                seg.run_float(x, out)
+            col += seg.n
+        return y if bias is None else y.add_(bias)
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows ``ids`` of the (single-segment) weight as ``self.dtype``: the embedding."""
+        if len(self.segments) != 1:
+            raise ValueError("rows() reads a single-segment weight")
+        return self.segments[0].rows(self.lib, ids, self.dtype)
+
+
+# The model's fused projections: (key in DecoderLayer.packed, parameter, HF modules in row order)
+_PROJECTIONS = (("qkv", "qkv_proj", "qkv_bias", ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")),
+                ("o", "o_proj", "o_bias", ("self_attn.o_proj",)),
+                ("gate_up", "gate_up_proj", "gate_up_bias", ("mlp.gate_proj", "mlp.up_proj")),
+                ("down", "down_proj", "down_bias", ("mlp.down_proj",)))
+_NORMS = ("input_layernorm", "post_attention_layernorm", "self_attn.q_norm", "self_attn.k_norm")
+
+
+def install(model, tensors: dict, lib: ctypes.CDLL) -> str:
+    """Put a GGUF's weights as stored (gguf_loader.native_tensors) into a freshly built
+    LlamaForCausalLM: each projection a QuantLinear in ``layer.packed`` (its parameter None, its
+    bytes registered as buffers), the embedding rows read from the packed table (tied: the same
+    table is the LM head), norms and biases as plain parameters. Returns the packing name the
+    engine logs ("gguf-native"); every tensor must be used exactly once."""
+    dtype = model.dtype
+    tensors = dict(tensors)
+
+    def take(name: str):
+        if name not in tensors:
+            raise ValueError(f"GGUF is missing tensor {name!r}")
+        return tensors.pop(name)
+
+    def segment(name: str) -> QuantWeight | FloatWeight:
+        v = take(name)
+        return QuantWeight(v[0], v[1], v[2], name) if isinstance(v, tuple) else FloatWeight(v, dtype)
+
+    def put(param: torch.nn.Parameter | None, value: torch.Tensor, name: str) -> None:
+        if param is None or tuple(param.shape) != tuple(value.shape):
+            raise ValueError(f"GGUF tensor {name!r} {tuple(value.shape)} does not fit the model "
+                             f"({None if param is None else tuple(param.shape)})")
+        param.data = value.to(dtype).contiguous().clone()
+
+    def quant_linear(module, attr: str, names: list[str]) -> QuantLinear:
+        lin = QuantLinear(lib, [segment(n) for n in names], dtype)
+        want = getattr(module, attr).shape
+        if (lin.n, lin.k) != tuple(want):
+            raise ValueError(f"GGUF tensors {names} make a ({lin.n}, {lin.k}) weight; the model needs {tuple(want)}")
+        setattr(module, attr, None)
+        for j, t in enumerate(lin.packed):  # held by the module, so its bytes count as its weights
+            module.register_buffer(f"{attr}_packed{j}", t, persistent=False)
+        return lin
+
+    for i, layer in enumerate(model.layers):
+        pre = f"model.layers.{i}."
+        for key, attr, bias, parts in _PROJECTIONS:
+            layer.packed[key] = quant_linear(layer, attr, [f"{pre}{p}.weight" for p in parts])
+            if getattr(layer, bias) is not None:
+                put(getattr(layer, bias), torch.cat([take(f"{pre}{p}.bias") for p in parts]), f"{pre}{parts[0]}.bias")
+        for norm in _NORMS:
+            attr = norm.rpartition(".")[2]
+            if getattr(layer, attr) is not None:
+                put(getattr(layer, attr), take(f"{pre}{norm}.weight"), f"{pre}{norm}.weight")
+    put(model.norm, take("model.norm.weight"), "model.norm.weight")
+
+    tied = model.lm_head is model.embed_tokens
+    if isinstance(tensors.get("model.embed_tokens.weight"), tuple):
+        embed = quant_linear(model, "embed_tokens", ["model.embed_tokens.weight"])
+        model.packed_embed = embed
+        if tied:
+            model.lm_head, model.packed_lm_head = None, embed
+    else:
+        put(model.embed_tokens, take("model.embed_tokens.weight"), "model.embed_tokens.weight")
+    if not tied:
+        model.packed_lm_head = quant_linear(model, "lm_head", ["lm_head.weight"])
+    tensors.pop("lm_head.weight", None)  # a tied model's file may still carry it
+    if tensors:
+        raise ValueError(f"unexpected GGUF tensors: {', '.join(sorted(tensors)[:6])}")
+    model.packing = "gguf-native"
+    return model.packing
