@@ -11,6 +11,7 @@ from fastapi import FastAPI
 from inferq.producer.settings import ProducerSettings
 
 from inferq.producer.gateway import batch_routes, files_routes, health_routes, jobs_routes, openai_routes
+from inferq.producer.gateway import embeddings_routes, tokenize_routes
 from inferq.producer.gateway import responses_routes
 from inferq.producer.gateway.responses_state import ResponsesService
 from inferq.producer.gateway.responses_store import ResponseStore
@@ -85,6 +86,8 @@ def create_app(settings: Optional[GatewaySettings] = None,
     install_error_handlers(app)
     app.include_router(openai_routes.router)
     app.include_router(jobs_routes.router)
+    app.include_router(embeddings_routes.router)
+    app.include_router(tokenize_routes.router)
     app.include_router(files_routes.router)
     app.include_router(batch_routes.router)
     app.include_router(responses_routes.router)

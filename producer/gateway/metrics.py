@@ -12,7 +12,8 @@ _TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.7
                  20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
 # Label values are templates, never raw paths or methods: a caller must not be
 # able to create series by inventing URLs or HTTP verbs.
-_ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/v1/jobs", "/health", "/ready", "/metrics")
+_ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/v1/jobs", "/health", "/ready", "/metrics",
+           "/v1/embeddings", "/tokenize", "/detokenize")
 _TEMPLATES = ((re.compile(r"^/v1/jobs/[^/]+$"), "/v1/jobs/{id}"),
               (re.compile(r"^/v1/jobs/[^/]+/events$"), "/v1/jobs/{id}/events"),
               (re.compile(r"^/v1/models/[^/]+$"), "/v1/models/{model}"))
