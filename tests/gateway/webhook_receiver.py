@@ -25,15 +25,22 @@ def main() -> None:
     lock = threading.Lock()
     log = open(log_path, "a", encoding="utf-8")
 
+    clients: dict[str, openai.OpenAI] = {}
+
+    def client_for(secret: str) -> openai.OpenAI:
+        with lock:
+            if secret not in clients:
+                clients[secret] = openai.OpenAI(api_key="unused", webhook_secret=secret or None)
+            return clients[secret]
+
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self):
             body = self.rfile.read(int(self.headers.get("content-length") or 0))
             if failing:
                 return self._answer(500, b"receiver is broken on purpose")
             try:
-                secret = secret_file.read_text().strip() if secret_file.exists() else ""
-                client = openai.OpenAI(api_key="unused", webhook_secret=secret or None)
-                event = client.webhooks.unwrap(body, dict(self.headers.items()))
+                event = client_for(secret_file.read_text().strip() if secret_file.exists() else "").webhooks.unwrap(
+                    body, dict(self.headers.items()))
             except Exception as e:  # a bad signature, a stale timestamp, a missing header
                 return self._answer(400, f"{type(e).__name__}: {e}".encode())
             line = {"webhook_id": self.headers["webhook-id"], "id": event.id, "type": event.type,
@@ -47,7 +54,10 @@ def main() -> None:
             self.send_response(status)
             self.send_header("content-length", str(len(text)))
             self.end_headers()
-            self.wfile.write(text)
+            try:
+                self.wfile.write(text)
+            except BrokenPipeError:
+                pass  # the sender gave up waiting; it retries with the same webhook-id
 
         def log_message(self, *args) -> None:
             pass

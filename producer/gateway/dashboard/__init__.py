@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from inferq.producer.gateway.dashboard import batch_views, dlq_views, job_view, pages, queue_views
+from inferq.producer.gateway.dashboard import batch_views, dlq_views, job_view, pages, queue_views, webhook_views
 
-PARTS = (pages, queue_views, job_view, dlq_views, batch_views)
+PARTS = (pages, queue_views, job_view, dlq_views, batch_views, webhook_views)
 router = APIRouter(tags=["dashboard"])
 for _part in PARTS:
     router.include_router(_part.router)

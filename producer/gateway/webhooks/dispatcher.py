@@ -98,6 +98,12 @@ class Dispatcher:
                 worked = await round_()
             except asyncio.CancelledError:
                 raise
+            except ResponseError as e:
+                if "NOGROUP" not in str(e):
+                    log.exception("webhook %s round failed; retrying", name)
+                groups_ready = False  # the stream was deleted (a flushed database): make it again
+                worked = False
+                await asyncio.sleep(1.0)
             except Exception:
                 log.exception("webhook %s round failed; retrying", name)
                 worked = False

@@ -180,6 +180,23 @@ async function loadBatches() {
   }));
 }
 
+async function loadWebhooks() {
+  const w = await api("/dashboard/api/webhooks?limit=50");
+  document.getElementById("webhook-depth").textContent = w.enabled
+    ? `${w.pending} waiting to be sent, ${w.backlog} records not yet routed, ${w.dead_total} dead letters`
+    : "webhooks are turned off on this gateway";
+  fill("webhook-table", w.recent.map((x) => {
+    const r = row([when(x.at), x.event, x.type, x.tenant, x.url, x.outcome, x.attempts, x.error || ""]);
+    r.dataset.outcome = x.outcome;
+    return r;
+  }));
+  fill("webhook-dead-table", w.dead.map((x) => {
+    const r = row([when(x.at), x.event, x.type, x.tenant, x.url, x.attempts, x.error]);
+    r.dataset.event = x.event;
+    return r;
+  }));
+}
+
 async function act(path, method) {
   try { await api(path, { method }); showError(null); await refresh(); } catch (e) { showError(e); }
 }
@@ -191,7 +208,7 @@ function jobFromHash() {
 
 async function refresh() {
   const tasks = [loadBatches()];
-  if (operator) tasks.push(loadQueues(), loadWorkers(), loadDlq());
+  if (operator) tasks.push(loadQueues(), loadWorkers(), loadDlq(), loadWebhooks());
   const id = jobFromHash();
   if (id) tasks.push(loadJob(id));
   const results = await Promise.allSettled(tasks);
