@@ -9,6 +9,7 @@
 """
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Any, AsyncIterator, Optional
 
@@ -18,7 +19,8 @@ from inferq.schemas.queues import alanes_of
 from inferq.schemas.text import as_str
 
 from inferq.producer.admission import ADMISSION_LUA, aadmit
-from inferq.producer.client import JobResult, ResultBuilder, TextFollower, build_job, follow_plan, parse_status, resolve_settings
+from inferq.producer.client import (JobResult, ResultBuilder, TextFollower, build_job, embed_jobs_kw, follow_plan,
+                                    parse_status, resolve_settings)
 from inferq.producer.errors import JobNotFound
 from inferq.producer.settings import ProducerSettings
 from inferq.schemas.connection import async_client
@@ -111,6 +113,28 @@ class AsyncProducer:
 
     def job(self, job_id: str) -> AsyncJobHandle:
         return AsyncJobHandle(self, job_id)
+
+    async def embed(self, inputs, *, pooling: Optional[str] = None, normalize: bool = True,
+                    timeout: Optional[float] = None, **kw: Any) -> list[list[float]]:
+        """Producer.embed, awaited: one ``embed`` job per input, the vectors in order."""
+        handles = []
+        try:
+            for job_kw in embed_jobs_kw(inputs, pooling, normalize):
+                handles.append(await self.submit(**job_kw, **kw))
+            return [(await h.result(timeout)).embedding for h in handles]
+        except BaseException:
+            for h in handles:  # the rest would be wasted work
+                with contextlib.suppress(Exception):
+                    await h.cancel()
+            raise
+
+    async def tokenize(self, prompt: Optional[str] = None, *, messages: Optional[list] = None,
+                       add_special_tokens: Optional[bool] = None, add_generation_prompt: bool = True,
+                       timeout: Optional[float] = None, **kw: Any) -> list[int]:
+        """Producer.tokenize, awaited."""
+        opts = {"add_special_tokens": add_special_tokens, "add_generation_prompt": add_generation_prompt}
+        handle = await self.submit(prompt, messages=messages, task="tokenize", tokenize=opts, **kw)
+        return (await handle.result(timeout)).token_ids
 
     async def depth(self, model: Optional[str] = None) -> int:
         """Jobs of the model that have not finished (queued + running), all lanes."""

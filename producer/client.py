@@ -11,6 +11,7 @@ Imports only ``schemas`` and redis (no torch), so any web backend can use it.
 """
 from __future__ import annotations
 
+import contextlib
 import re
 import time
 import warnings
@@ -18,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator, Optional, Union
 
 from inferq.schemas import SamplingParams, Timings, Usage, keys, records, transitions
+from inferq.schemas.events import embedding_floats
 from inferq.schemas.fold import Assembly, Choice
 from inferq.schemas.queues import lanes_of
 from inferq.schemas.follower import Follow, follow
@@ -47,6 +49,8 @@ class JobResult:
     prompt_logprobs: Optional[list[Optional[dict[int, float]]]] = None
     # Every choice by index (sampling.n > 1), choice 0 first; the fields above are choice 0's.
     choices: list[Choice] = field(default_factory=list)
+    embedding: Optional[list[float]] = None  # task "embed": the vector
+    max_model_len: Optional[int] = None  # task "tokenize": the model's context length
 
 
 # --- pure helpers shared with the async client ------------------------------------
@@ -67,6 +71,9 @@ def build_job(
     metadata: Optional[dict[str, Any]] = None,
     tenant: Optional[str] = None,
     session_id: Optional[str] = None,
+    task: str = "generate",
+    embed: Optional[dict] = None,
+    tokenize: Optional[dict] = None,
 ) -> Job:
     """Validate everything before anything is written (ValueError on bad input)."""
     if sampling is None:
@@ -96,7 +103,19 @@ def build_job(
         tenant=tenant,
         session_id=session_id,
         metadata=metadata or {},
+        task=task,
+        embed=embed,
+        tokenize=tokenize,
     )
+
+
+def embed_jobs_kw(inputs, pooling: Optional[str], normalize: bool) -> list[dict]:
+    """submit() keywords of one ``embed`` job per input (a string, token ids, or a list of them)."""
+    if isinstance(inputs, str) or (inputs and all(isinstance(t, int) for t in inputs)):
+        inputs = [inputs]
+    opts = {"pooling": pooling, "normalize": normalize}
+    return [{"task": "embed", "embed": opts, **({"prompt": x} if isinstance(x, str) else {"prompt_token_ids": x})}
+            for x in inputs]
 
 
 class ResultBuilder:
@@ -126,6 +145,8 @@ class ResultBuilder:
             prompt_token_ids=asm.prompt_token_ids,
             prompt_logprobs=asm.prompt_logprobs,
             choices=asm.choices(),
+            embedding=None if asm.done.embedding is None else embedding_floats(asm.done.embedding),
+            max_model_len=asm.done.max_model_len,
         )
 
 
@@ -298,6 +319,28 @@ class Producer:
 
     def job(self, job_id: str) -> JobHandle:
         return JobHandle(self, job_id)
+
+    def embed(self, inputs, *, pooling: Optional[str] = None, normalize: bool = True,
+              timeout: Optional[float] = None, **kw: Any) -> list[list[float]]:
+        """One vector per input (a string, token ids, or a list of them), in order: one
+        ``embed`` job each, run by the workers' continuous batch. JobFailed on a bad input."""
+        handles = []
+        try:
+            for job_kw in embed_jobs_kw(inputs, pooling, normalize):
+                handles.append(self.submit(**job_kw, **kw))
+            return [h.result(timeout).embedding for h in handles]
+        except BaseException:
+            for h in handles:  # the rest would be wasted work
+                with contextlib.suppress(Exception):
+                    h.cancel()
+            raise
+
+    def tokenize(self, prompt: Optional[str] = None, *, messages: Optional[list] = None,
+                 add_special_tokens: Optional[bool] = None, add_generation_prompt: bool = True,
+                 timeout: Optional[float] = None, **kw: Any) -> list[int]:
+        """Token ids of ``prompt`` or of ``messages`` under the model's chat template, by a worker."""
+        opts = {"add_special_tokens": add_special_tokens, "add_generation_prompt": add_generation_prompt}
+        return self.submit(prompt, messages=messages, task="tokenize", tokenize=opts, **kw).result(timeout).token_ids
 
     def depth(self, model: Optional[str] = None) -> int:
         """Jobs of the model that have not finished (queued + running), all lanes."""

@@ -7,7 +7,10 @@ continued attempt carries on from the tokens already published (request migratio
 """
 from __future__ import annotations
 
+import array
+import base64
 import json
+import sys
 
 from typing import Annotated, Literal, Optional, Union
 
@@ -93,6 +96,15 @@ FinishReason = Literal["stop", "length", "abort", "deadline"]
 
 MAX_EMBEDDING_DIMS = 65_536
 MAX_EMBEDDING_B64 = 4 * (4 * MAX_EMBEDDING_DIMS // 3 + 1)
+
+
+def embedding_floats(b64: str) -> list[float]:
+    """A ``done`` event's ``embedding`` (base64 of little-endian float32) as floats."""
+    floats = array.array("f")
+    floats.frombytes(base64.b64decode(b64))
+    if sys.byteorder == "big":
+        floats.byteswap()
+    return floats.tolist()
 
 
 class ChoiceEnd(BaseModel):

@@ -12,15 +12,13 @@ worker's INFERQ_POOLING), ``normalize`` (L2, default true), ``priority``.
 """
 from __future__ import annotations
 
-import array
-import base64
-import sys
 import time
 from typing import Literal, Optional, Union
 
 from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, ConfigDict, Field
 
+from inferq.schemas.events import embedding_floats
 from inferq.schemas.fold import Assembly
 from inferq.producer.gateway.auth import authenticate
 from inferq.producer.gateway.config import Principal
@@ -73,11 +71,7 @@ def vector_body(b64: str, encoding_format: str):
     """The worker's vector (base64 of little-endian float32) as the client asked for it."""
     if encoding_format == "base64":
         return b64  # OpenAI's base64 encoding is exactly these bytes
-    floats = array.array("f")
-    floats.frombytes(base64.b64decode(b64))
-    if sys.byteorder == "big":
-        floats.byteswap()
-    return floats.tolist()
+    return embedding_floats(b64)
 
 
 @router.post("/v1/embeddings")

@@ -149,3 +149,47 @@ def test_bad_requests_are_400(gateway_url, body, param):
     assert err["message"]
     if param:
         assert err["param"] == param
+
+
+def test_sdk_embed_equals_the_gateway(client, stack):
+    import asyncio
+
+    from inferq import Producer
+    from inferq.producer.async_client import AsyncProducer
+    from inferq.producer.errors import JobFailed
+
+    want = client.embeddings.create(model=TINY, input=TEXTS[:2], encoding_format="float",
+                                    extra_body={"pooling": "mean"})
+    with Producer(stack.url, default_model=TINY) as p:
+        assert p.embed(TEXTS[:2], pooling="mean", timeout=120) == [d.embedding for d in want.data]
+        with pytest.raises(JobFailed, match="4096"):
+            p.embed([[5] * 5000], timeout=120)
+
+    async def run():
+        async with AsyncProducer(stack.url, default_model=TINY) as ap:
+            return await ap.embed(TEXTS[0], pooling="mean", timeout=120)
+
+    assert asyncio.run(run()) == [want.data[0].embedding]
+
+
+def test_job_schema_of_the_tasks():
+    from pydantic import ValidationError
+
+    from inferq.producer.admission import seeded
+    from inferq.schemas import Job
+
+    job = Job(model="m", prompt="x", task="embed", embed={"pooling": "mean", "normalize": False})
+    again = Job.from_fields(job.to_fields())
+    assert again.task == "embed" and again.embed.pooling == "mean" and again.embed.normalize is False
+    assert seeded(job).sampling == job.sampling  # nothing is sampled: no seed is drawn
+    for bad, why in [
+        (dict(prompt="x", task="embed", sampling={"temperature": 0}), "'sampling' applies to task 'generate'"),
+        (dict(prompt="x", embed={"pooling": "mean"}), "need task 'embed'"),
+        (dict(prompt="x", task="embed", embed={"pooling": "cls"}), "pooling"),
+        (dict(prompt="x", task="detokenize"), "takes 'prompt_token_ids'"),
+        (dict(prompt_token_ids=[1, 2], task="tokenize"), "takes 'prompt' or 'messages'"),
+        (dict(prompt="x", task="tokenize", tokenize={"add_generation_prompt": False, "x": 1}), "x"),
+        (dict(prompt="x", task="classify"), "task"),
+    ]:
+        with pytest.raises(ValidationError, match=why):
+            Job(model="m", **bad)

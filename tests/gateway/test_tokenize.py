@@ -83,3 +83,14 @@ def test_bad_requests_are_400(gateway_url, path, body, param):
 def test_unknown_model_is_404(gateway_url):
     r = httpx.post(f"{gateway_url}/tokenize", json={"model": "nope", "prompt": "x"}, timeout=60)
     assert r.status_code == 404
+
+
+def test_sdk_tokenize(stack, tok):
+    from inferq import Producer
+
+    with Producer(stack.url, default_model=TINY) as p:
+        assert p.tokenize("Hello there", timeout=60) == tok("Hello there").input_ids
+        text = tok.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True)
+        assert p.tokenize(messages=MESSAGES, timeout=60) == tok(text, add_special_tokens=False).input_ids
+        h = p.submit(prompt_token_ids=tok("Hi you").input_ids, task="detokenize")
+        assert h.result(60).text == "Hi you"
