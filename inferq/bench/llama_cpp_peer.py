@@ -21,8 +21,8 @@ of the per-token latency (TPOT: (last chunk - first chunk) / (tokens - 1)); the 
 gives the median over repeats and inferq / llama.cpp ratios. Every request must come
 back with exactly its requested token count, else the run fails.
 
-inferq's side runs in each weight mode the worker has (``OUR_MODES``: today the GGUF
-dequantized to bfloat16 at load). Files: the bundled Q4_1 GGUF, other types requantized
+inferq's side runs in each GGUF mode this checkout has (``OUR_MODES``): the weights
+dequantized to bfloat16 at load, and native (kept as stored, quantized CPU kernels). Files: the bundled Q4_1 GGUF, other types requantized
 from it by llama-quantize (inferq.bench.llama_cpp_build). OUT (default
 bench-llama-cpp) gets results.json and the server logs.
 """
@@ -78,9 +78,25 @@ WORKLOADS = {
     "single": Workload("single", 1, (32, 32), (256, 256)),
     "mixed": Workload("mixed", SLOTS, (32, 384), (24, 160)),
 }
-# inferq's weight modes: name -> extra worker arguments. A GGUF is dequantized at load;
-# the compute dtype is what the worker runs in.
-OUR_MODES = {"bf16-dequantized": ["--dtype=bfloat16"]}
+# inferq's ways of running a GGUF: name -> (compute dtype, $INFERQ_GGUF_WEIGHTS).
+# dequantize: the weights dequantized at load and held in the dtype; native: kept as
+# stored, the linears on the quantized CPU kernels (gpuworker/models/quant_linear.py).
+GGUF_WEIGHTS_ENV = "INFERQ_GGUF_WEIGHTS"
+OUR_MODES = {"bf16-dequantized": ("bfloat16", "dequantize"), "native": ("bfloat16", "native")}
+
+
+def available_modes() -> list[str]:
+    """The modes this checkout and CPU have: native needs the GGUF loader's native path
+    and its kernels built."""
+    from inferq.gpuworker.models import gguf_loader
+
+    modes = ["bf16-dequantized"]
+    if "native" in getattr(gguf_loader, "WEIGHT_MODES", ()):
+        from inferq.gpuworker.models import quant_linear
+
+        if quant_linear.load() is not None:
+            modes.append("native")
+    return modes
 
 
 def _csv(text: str, allowed: Optional[set] = None, kind=str) -> list:
@@ -100,8 +116,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--quants", type=lambda s: _csv(s.upper(), {"Q4_1", *QUANT_TYPES}), default=["Q4_1"],
                     help="GGUF types (Q4_1: the bundled file; others requantized from it)")
     ap.add_argument("--workloads", type=lambda s: _csv(s, set(WORKLOADS)), default=list(WORKLOADS))
-    ap.add_argument("--modes", type=lambda s: _csv(s, set(OUR_MODES)), default=list(OUR_MODES),
-                    help="inferq weight modes")
+    ap.add_argument("--modes", type=lambda s: _csv(s, set(OUR_MODES)), default=None,
+                    help=f"inferq's GGUF modes, of {', '.join(OUR_MODES)} (default: every one this checkout has)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--llama-cpp-dir", default=None, help="folder with llama.cpp's tools (default: PATH or the cached build)")
     ap.add_argument("--out", default="bench-llama-cpp", help="result folder")
@@ -159,15 +175,16 @@ class LlamaServer:
 class InferqUp:
     """``inferq up`` on free ports with its data in a temporary folder."""
 
-    def __init__(self, gguf: Path, threads: int, worker_args: list[str], log: Path):
+    def __init__(self, gguf: Path, threads: int, mode: str, log: Path):
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.data = tempfile.mkdtemp(prefix="inferq-llama-peer-")
         cmd = [sys.executable, "-m", "inferq.cli", "up", "--model", str(gguf), "--served-model-name", SERVED,
                "--port", str(self.port), "--redis-port", "0", "--metrics-port", "0", "--data-dir", self.data,
-               f"--worker-arg=--torch-threads={threads}", *(f"--worker-arg={a}" for a in worker_args)]
+               f"--worker-arg=--torch-threads={threads}", f"--worker-arg=--dtype={OUR_MODES[mode][0]}"]
         # Its own embedded Redis, whatever Redis the calling shell points at.
         env = {k: v for k, v in os.environ.items() if not k.startswith("INFERQ_REDIS")}
+        env[GGUF_WEIGHTS_ENV] = OUR_MODES[mode][1]
         with open(log, "wb") as f:
             self.proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env)
         # /ready answers 2xx once a live worker serves the model (the gateway starts first).
@@ -204,6 +221,11 @@ def main(argv=None) -> int:
     from inferq.bench.llama_cpp_build import quantized_copy, tools
     from inferq.gpuworker.models.loader import bundled_model_path
 
+    modes = available_modes()
+    for m in args.modes or []:
+        if m not in modes:
+            raise SystemExit(f"inferq mode {m!r} is not available here (this checkout and CPU have {', '.join(modes)})")
+    modes = args.modes or modes
     bin_dir = tools(args.llama_cpp_dir)
     source = bundled_model_path()
     files = {q: source if q == "Q4_1" else quantized_copy(bin_dir, source, q) for q in args.quants}
@@ -212,13 +234,13 @@ def main(argv=None) -> int:
     rows = []
     for threads in args.threads:
         for q, gguf in files.items():
-            for mode in args.modes:
+            for mode in modes:
                 tag = f"t{threads}-{q}-{mode}"
                 llama = LlamaServer(bin_dir, gguf, threads, out / f"llama-server-{tag}.log")
                 ours = None
                 try:
                     warm(llama.base_url, args.timeout)
-                    ours = InferqUp(gguf, threads, OUR_MODES[mode], out / f"inferq-up-{tag}.log")
+                    ours = InferqUp(gguf, threads, mode, out / f"inferq-up-{tag}.log")
                     warm(ours.base_url, args.timeout)
                     for w in args.workloads:
                         runs = {"llama_cpp": [], "inferq": []}

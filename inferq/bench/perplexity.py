@@ -2,7 +2,7 @@
 reference model, beside llama.cpp's ``llama-perplexity`` on the same GGUF files.
 
     inferq bench perplexity [--quants Q4_1,Q8_0,F16,Q5_K_M,Q4_K_M,Q4_0] [--ctx 256]
-        [--text FILE] [--threads N] [--dtypes bfloat16] [--llama-cpp-dir DIR] [--no-llama-cpp]
+        [--text FILE] [--threads N] [--modes bf16-dequantized,native] [--llama-cpp-dir DIR] [--no-llama-cpp]
 
 The files: the bundled SmolLM2-135M-Instruct Q4_1 GGUF and copies requantized from it
 by ``llama-quantize --allow-requantize`` (inferq.bench.llama_cpp_build). The reference
@@ -26,6 +26,7 @@ that logits file are compared with inferq's tokenization of the text.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import struct
 import subprocess
@@ -107,15 +108,17 @@ class Scores:
         return {"kl": float(kl.mean()), "same_top": float(same)}
 
 
-def inferq_scores(model: Path, dtype: str, wins: list[list[int]], threads: int) -> Scores:
+def inferq_scores(model: Path, dtype: str, gguf_weights: str, wins: list[list[int]], threads: int) -> Scores:
     """Run every window through the offline engine as one prompt; keep the full
-    log-softmax rows of its scored positions."""
+    log-softmax rows of its scored positions. ``gguf_weights``: dequantize or native."""
     import torch
 
+    from inferq.bench.llama_cpp_peer import GGUF_WEIGHTS_ENV
     from inferq.gpuworker import LLM
     from inferq.schemas import SamplingParams
 
     torch.set_num_threads(threads)
+    os.environ[GGUF_WEIGHTS_ENV] = gguf_weights
     ctx = len(wins[0])
     llm = LLM(model=str(model), dtype=dtype, enable_prefix_caching=False, max_num_seqs=1,
               max_num_batched_tokens=max(2048, ctx), num_kv_blocks=ctx // 8 + 8)
@@ -168,14 +171,19 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--ctx", type=int, default=256, help="window length in tokens (stride = ctx)")
     ap.add_argument("--text", default=str(DEFAULT_TEXT), help="plain-text file to score")
     ap.add_argument("--threads", type=int, default=2, help="compute threads, both sides")
-    ap.add_argument("--dtypes", default="bfloat16", help="inferq compute dtypes to score each file in (comma list)")
+    ap.add_argument("--modes", default=None, help="inferq GGUF modes to score each file in (comma list of "
+                    "inferq.bench.llama_cpp_peer.OUR_MODES; default: every one this checkout has)")
     ap.add_argument("--llama-cpp-dir", default=None, help="folder with llama.cpp's tools (default: PATH or the cached build)")
     ap.add_argument("--no-llama-cpp", action="store_true", help="inferq only (the files must then exist already)")
     args = ap.parse_args(argv)
     args.quant_list = [q.strip().upper() for q in args.quants.split(",") if q.strip()]
-    args.dtype_list = [d.strip() for d in args.dtypes.split(",") if d.strip()]
-    if not args.quant_list or not args.dtype_list:
-        ap.error("--quants and --dtypes need at least one entry each")
+    from inferq.bench.llama_cpp_peer import OUR_MODES
+
+    args.mode_list = [m.strip() for m in args.modes.split(",") if m.strip()] if args.modes else None
+    if not args.quant_list or args.mode_list == []:
+        ap.error("--quants and --modes need at least one entry each")
+    if args.mode_list and set(args.mode_list) - set(OUR_MODES):
+        ap.error(f"--modes: choose from {', '.join(OUR_MODES)}")
     if args.threads < 1:
         ap.error("--threads must be at least 1")
     if not Path(args.text).is_file():
@@ -217,7 +225,13 @@ def main(argv=None) -> int:
     print(f"text {args.text}: {len(tokens)} tokens, {len(wins)} windows of {args.ctx}, "
           f"{len(wins) * (args.ctx // 2 - 1)} scored positions; threads {args.threads}", flush=True)
 
-    ref = inferq_scores(files[SOURCE_TYPE], "float32", wins, args.threads)
+    from inferq.bench.llama_cpp_peer import OUR_MODES, available_modes
+
+    modes = available_modes()
+    if args.mode_list and set(args.mode_list) - set(modes):
+        raise SystemExit(f"--modes {args.modes}: this checkout and CPU have {', '.join(modes)}")
+    modes = args.mode_list or modes
+    ref = inferq_scores(files[SOURCE_TYPE], "float32", "dequantize", wins, args.threads)
     print(f"reference (Q4_1 dequantized, float32): inferq PPL {ref.ppl():.4f}", flush=True)
     rows = []
     llama = {}
@@ -240,20 +254,27 @@ def main(argv=None) -> int:
                 llama[q] = {"ppl": ppl, **kl}
                 print(f"llama.cpp {q}: PPL {ppl:.4f}, KL {kl['kl']:.5f}", flush=True)
         for q in args.quant_list:
-            for dtype in args.dtype_list:
-                s = inferq_scores(files[q], dtype, wins, args.threads)
-                rows.append((q, dtype, s.ppl(), s.against(ref)))
-                print(f"inferq {q} {dtype}: PPL {rows[-1][2]:.4f}, KL {rows[-1][3]['kl']:.5f}", flush=True)
+            for mode in modes:
+                try:
+                    s = inferq_scores(files[q], *OUR_MODES[mode], wins, args.threads)
+                except Exception as e:  # noqa: BLE001 - e.g. a type the native kernels lack: one row says so
+                    rows.append((q, mode, None, {"error": f"{type(e).__name__}: {e}"}))
+                    print(f"inferq {q} {mode}: failed: {e}", flush=True)
+                    continue
+                rows.append((q, mode, s.ppl(), s.against(ref)))
+                print(f"inferq {q} {mode}: PPL {rows[-1][2]:.4f}, KL {rows[-1][3]['kl']:.5f}", flush=True)
                 del s
     print()
     print(f"| file | inferq mode | inferq PPL | inferq KL vs ref | inferq same top-1 | llama.cpp PPL "
           f"| llama.cpp KL vs F32 ref | llama.cpp same top-1 |")
     print("|---|---|---:|---:|---:|---:|---:|---:|")
-    print(f"| Q4_1 (reference) | float32, dequantized | {ref.ppl():.4f} | 0 | 100 % | | | |")
-    for q, dtype, ppl, k in rows:
+    print(f"| Q4_1 (reference) | fp32-dequantized | {ref.ppl():.4f} | 0 | 100 % | | | |")
+    for q, mode, ppl, k in rows:
         lc = llama.get(q)
         lcs = (f"{lc['ppl']:.4f} | {lc['kl']:.5f} | {100 * lc['same_top']:.1f} %" if lc else "- | - | -")
-        print(f"| {q} | {dtype}, dequantized | {ppl:.4f} | {k['kl']:.5f} | {100 * k['same_top']:.1f} % | {lcs} |")
+        ours = (f"{ppl:.4f} | {k['kl']:.5f} | {100 * k['same_top']:.1f} %" if ppl is not None
+                else f"failed: {k['error'][:80]} | | ")
+        print(f"| {q} | {mode} | {ours} | {lcs} |")
     return 0
 
 

@@ -25,7 +25,7 @@ def test_workloads_keep_their_lengths_and_change_their_tokens_per_repeat():
 def test_peer_arguments():
     args = llama_cpp_peer.parse_args(["--threads", "1,2", "--quants", "q4_1,Q8_0", "--workloads", "mixed"])
     assert args.threads == [1, 2] and args.quants == ["Q4_1", "Q8_0"] and args.workloads == ["mixed"]
-    assert args.modes == list(llama_cpp_peer.OUR_MODES)
+    assert args.modes is None  # every mode this checkout has
     for bad in (["--quants", "Q9_9"], ["--workloads", "huge"], ["--threads", "0"], ["--repeats", "0"]):
         with pytest.raises(SystemExit):
             llama_cpp_peer.parse_args(bad)
@@ -72,11 +72,14 @@ def test_logits_file_head_gives_the_tokens(tmp_path):
 
 
 def test_perplexity_arguments(tmp_path):
-    args = perplexity.parse_args(["--quants", "q8_0, f16", "--dtypes", "bfloat16,float32"])
-    assert args.quant_list == ["Q8_0", "F16"] and args.dtype_list == ["bfloat16", "float32"]
+    args = perplexity.parse_args(["--quants", "q8_0, f16", "--modes", "bf16-dequantized,native"])
+    assert args.quant_list == ["Q8_0", "F16"] and args.mode_list == ["bf16-dequantized", "native"]
+    assert perplexity.parse_args([]).mode_list is None  # every mode this checkout has
     assert perplexity.DEFAULT_TEXT.is_file() and perplexity.DEFAULT_TEXT.stat().st_size > 4000
     with pytest.raises(SystemExit):
         perplexity.parse_args(["--text", str(tmp_path / "missing.txt")])
+    with pytest.raises(SystemExit):
+        perplexity.parse_args(["--modes", "fp8"])
 
 
 def test_tools_folder_is_found_or_refused(tmp_path):
