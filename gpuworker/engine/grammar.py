@@ -175,6 +175,18 @@ class ReasoningGate:
         self.end_ids = list(end_ids)
         self.start_token = start_token
 
+    def draft_limit(self, output_ids: Sequence[int], draft: Sequence[int]) -> int:
+        """Speculative decoding while waiting: how many of ``draft`` may be verified.
+        Up to (not including) the token that would end the reasoning, so no row of
+        the step samples the answer's first token without the grammar's mask."""
+        n = len(self.end_ids)
+        tail = list(output_ids[-(n - 1):]) if n > 1 else []
+        for i, t in enumerate(draft):
+            tail.append(t)
+            if tail[-n:] == self.end_ids:
+                return i
+        return len(draft)
+
     def attach(self, req) -> None:
         """Give ``req`` (just built) this gate and the matcher it holds."""
         req.reasoning_gate = self

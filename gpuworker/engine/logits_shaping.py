@@ -75,8 +75,12 @@ class LogitsShaper:
             matchers = [(reqs[i].matcher, j) for j, i in enumerate(rows)]
             fut = thread.submit(llg_np.fill_next_token_bitmask_par, executor, matchers, bitmask)
         else:
-            matchers = [(reqs[i].matcher, j, reqs[i].spec_token_ids) for j, i in enumerate(rows) if offsets[i] == 0]
-            fut = thread.submit(llg_np.fill_next_token_bitmask_par_with_draft_tokens, executor, matchers, bitmask)
+            # llguidance refuses an empty draft: a constrained request without proposals
+            # this step (none made, or all cut by its grammar) gets the plain fill.
+            firsts = [(reqs[i], j) for j, i in enumerate(rows) if offsets[i] == 0]
+            drafted = [(r.matcher, j, r.spec_token_ids) for r, j in firsts if r.spec_token_ids]
+            plain = [(r.matcher, j) for r, j in firsts if not r.spec_token_ids]
+            fut = thread.submit(_fill_speculative, executor, drafted, plain, bitmask)
         return PendingMasks(rows, bitmask, fut)
 
     def apply(self, logits: torch.Tensor, reqs: list, pending: Optional[PendingMasks]) -> None:
@@ -143,6 +147,13 @@ def unpack_on_device(words: torch.Tensor) -> torch.Tensor:
     """The same on the GPU: 32 shifts of each word, no host round trip of the expanded mask."""
     shifts = torch.arange(32, device=words.device, dtype=torch.int32)
     return ((words.unsqueeze(-1) >> shifts) & 1).view(words.shape[0], -1).bool()
+
+
+def _fill_speculative(executor, drafted: list, plain: list, bitmask: np.ndarray) -> None:
+    if drafted:
+        llg_np.fill_next_token_bitmask_par_with_draft_tokens(executor, drafted, bitmask)
+    if plain:
+        llg_np.fill_next_token_bitmask_par(executor, plain, bitmask)
 
 
 def _allow_reasoning_start(pending: PendingMasks, reqs: list) -> None:

@@ -112,3 +112,26 @@ def test_continued_attempt_resumes_gate_and_matcher(r1):
     whole = r1.generate([p], across)[0].token_ids
     assert whole[0] == END_THINK_ID and len(whole) > 4
     assert continued("cont-answer", across, whole[:3]) == whole
+
+
+def test_speculative_drafts_stop_before_the_end_marker():
+    from inferq.gpuworker.engine.grammar import ReasoningGate
+
+    gate = ReasoningGate(None, (7, 8))
+    assert gate.draft_limit([1, 2], [3, 7, 8, 9]) == 2  # 7 8 would end it: verify only 3 7
+    assert gate.draft_limit([1, 7], [8, 9]) == 0  # the end completes with the first proposal
+    assert gate.draft_limit([1, 2], [3, 4]) == 2
+    one = ReasoningGate(None, (END_THINK_ID,))
+    assert one.draft_limit([], [5, END_THINK_ID, 6]) == 1
+
+
+def test_speculative_decoding_gives_the_same_tokens(r1, tmp_path):
+    """n-gram speculation on the thinking model: inside the reasoning, across its end
+    and in the constrained answer, the tokens of the plain engine."""
+    spec = _llm(save_thinking_model(tmp_path / "r1", R1_TEMPLATE),
+                speculative={"method": "ngram", "k": 4, "min_n": 1})
+    p = prompt(r1)
+    cases = [params(True, max_tokens=24), params(True, max_tokens=40, logit_bias={END_THINK_ID: 100.0})]
+    for want, got in zip(r1.generate([p] * 2, cases), spec.generate([p] * 2, cases)):
+        assert got.token_ids == want.token_ids
+    assert spec.engine.spec.stats.num_accepted_tokens > 0  # speculation did run

@@ -94,6 +94,8 @@ class SpecDecoder:
         for req, draft in zip(picked, self.proposer.propose(picked, limits)):
             if draft and req.matcher is not None:
                 draft = draft[: req.matcher.validate_tokens(draft)]  # what the grammar would mask anyway
+            elif draft and req.reasoning_gate is not None:  # the grammar waits for the reasoning's end
+                draft = draft[: req.reasoning_gate.draft_limit(req.output_token_ids, draft)]
             if draft:
                 req.spec_token_ids = draft
                 self._proposed.append(req)
