@@ -54,6 +54,13 @@ class EngineConfig:
     device: Optional[str] = None  # None: cuda if available, else cpu
     enforce_eager: bool = False  # True: no CUDA graphs for decode steps (vLLM's name)
     cuda_graphs: bool = True  # False: the same as enforce_eager=True (the worker's INFERQ_CUDA_GRAPHS)
+    # A request's tokens do not depend on the requests beside it, its prompt's chunking or the CUDA
+    # graph size: on the Triton backend, fixed-size split-K segments and one tile shape, Triton
+    # matmuls and RMSNorm instead of cuBLAS/torch reductions (docs/kernels.md, "Batch invariance
+    # (GPU)"). On by default: the queue's promise that a migrated or regenerated job gives the same
+    # tokens rests on it. False trades that for throughput on a GPU; the CPU kernels are invariant
+    # either way.
+    batch_invariant: bool = True
     # CPU: prepack matmul weights once at load, in place of the plain ones, for our kernels (fp32,
     # bf16 with AMX or AVX512-BF16; gpuworker/models/cpu_linear.py) or oneDNN (bf16). None/True:
     # where it works.

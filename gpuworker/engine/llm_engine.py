@@ -58,6 +58,8 @@ class LLMEngine:
         self.dtype = dtype
         log.info("engine dtype %s on %s (%s)", str(dtype).removeprefix("torch."), self.device, why)
         self.backend = get_backend(config.resolved_backend(self.device))
+        if self.backend.name == "triton":  # the CPU kernels are batch-invariant either way
+            self.backend.batch_invariant = config.batch_invariant
         loaded = load_model(config.model, dtype=dtype, device=self.device, backend=self.backend)
         self.model = loaded.model
         self.model_config = loaded.config
@@ -74,6 +76,11 @@ class LLMEngine:
                 self.backend.native_decode = False
             elif hasattr(self.model, "use_cpu_kernels") and self.model.use_cpu_kernels():
                 log.info("CPU C kernels on: paged decode attention, rotary%s", ", fused add + RMSNorm" if dtype == torch.bfloat16 else "")
+        if config.batch_invariant and self.backend.name == "triton":
+            from inferq.gpuworker.models.batch_invariant import use_batch_invariant_kernels
+
+            if use_batch_invariant_kernels(self.model):
+                log.info("batch-invariant mode: Triton matmuls and RMSNorm, fixed-size split-K attention")
         self.eos_token_ids = tuple(loaded.config.eos_token_ids)
 
         mc = loaded.config

@@ -50,11 +50,12 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def add_rms_norm(residual: torch.Tensor, hidden: torch.Tensor | None, weight: torch.Tensor, eps: float,
-                 kernels=None) -> tuple[torch.Tensor, torch.Tensor]:
+                 kernels=None, norm=rms_norm) -> tuple[torch.Tensor, torch.Tensor]:
     """``residual += hidden`` in place (``hidden`` None: no add), then ``rms_norm`` of it;
     returns (normed, residual). With ``kernels`` (inferq.gpuworker.attention.cpu_kernels, CPU
     float32/bfloat16, torch's thread count) both run in one C pass with the same roundings
-    (only the order of the fp32 sum of squares differs)."""
+    (only the order of the fp32 sum of squares differs). ``norm``: the RMSNorm otherwise (the layer's
+    ``rms_norm``: a batch-invariant Triton kernel on the GPU path, see models/batch_invariant.py)."""
     dt = residual.dtype
     if (kernels is not None and dt in (torch.float32, torch.bfloat16) and residual.dim() == 2
             and residual.is_contiguous() and (hidden is None or hidden.is_contiguous())):
@@ -67,7 +68,7 @@ def add_rms_norm(residual: torch.Tensor, hidden: torch.Tensor | None, weight: to
             return out, residual  # rc != 0 (bf16, hidden size > 8192) is returned before any row is touched
     if hidden is not None:
         residual = residual.add_(hidden)
-    return rms_norm(residual, weight, eps), residual
+    return norm(residual, weight, eps), residual
 
 
 def silu_and_mul(gate_up: torch.Tensor, kernels=None) -> torch.Tensor:
@@ -183,6 +184,9 @@ class DecoderLayer(nn.Module):
         self.packed: dict[str, PackedWeight | torch.Tensor] = {}
         # inferq.gpuworker.attention.cpu_kernels (add + RMSNorm, rotary, SiLU-and-mul; CPU fp32/bf16), else None.
         self.cpu_kernels = None
+        # The RMSNorm where the C kernels do not run: torch's, or one row per program in batch-invariant
+        # mode on the GPU path (gpuworker/models/batch_invariant.py).
+        self.rms_norm = rms_norm
 
     def forward(
         self,
@@ -199,9 +203,9 @@ class DecoderLayer(nn.Module):
         eps = cfg.rms_norm_eps
         # In place: the residual stream is private to the forward (fewer allocations).
         if residual is None:
-            x, residual = add_rms_norm(hidden, None, self.input_layernorm, eps, self.cpu_kernels)
+            x, residual = add_rms_norm(hidden, None, self.input_layernorm, eps, self.cpu_kernels, self.rms_norm)
         else:
-            x, residual = add_rms_norm(residual, hidden, self.input_layernorm, eps, self.cpu_kernels)
+            x, residual = add_rms_norm(residual, hidden, self.input_layernorm, eps, self.cpu_kernels, self.rms_norm)
 
         qkv = linear(x, self.qkv_proj, self.qkv_bias, self.packed.get("qkv"))
         t = qkv.shape[0]
@@ -210,8 +214,8 @@ class DecoderLayer(nn.Module):
         k = k.view(t, cfg.num_kv_heads, cfg.head_dim)
         v = v.view(t, cfg.num_kv_heads, cfg.head_dim)
         if self.q_norm is not None:
-            q = rms_norm(q, self.q_norm, eps)
-            k = rms_norm(k, self.k_norm, eps)
+            q = self.rms_norm(q, self.q_norm, eps)
+            k = self.rms_norm(k, self.k_norm, eps)
         cos, sin = rotary
         q, k = rotate_qk(q, k, cos, sin, self.cpu_kernels)
         attn = self.backend.forward(q, k, v, kv_cache, meta, self.scale).view(t, self.q_size)
@@ -219,7 +223,7 @@ class DecoderLayer(nn.Module):
             attn, residual = attn.index_select(0, keep_rows), residual.index_select(0, keep_rows)
         x = linear(attn, self.o_proj, self.o_bias, self.packed.get("o"))
 
-        x, residual = add_rms_norm(residual, x, self.post_attention_layernorm, eps, self.cpu_kernels)
+        x, residual = add_rms_norm(residual, x, self.post_attention_layernorm, eps, self.cpu_kernels, self.rms_norm)
         gate_up = self.packed.get("gate_up")
         if isinstance(gate_up, PackedGateUp):  # the matmul and SiLU-and-mul in one kernel
             act = gate_up.silu_mul(x)
@@ -279,7 +283,8 @@ class LlamaForCausalLM(nn.Module):
         last = len(self.layers) - 1
         for i, (layer, cache) in enumerate(zip(self.layers, kv_caches)):
             hidden, residual = layer(rotary, hidden, residual, cache, meta, keep_rows if i == last else None)
-        return add_rms_norm(residual, hidden, self.norm, self.config.rms_norm_eps, self.layers[0].cpu_kernels)[0]
+        first = self.layers[0]
+        return add_rms_norm(residual, hidden, self.norm, self.config.rms_norm_eps, first.cpu_kernels, first.rms_norm)[0]
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         if self.embed_tokens is None:  # tied and packed: the LM head's panels hold the only copy
