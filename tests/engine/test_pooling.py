@@ -146,3 +146,17 @@ def test_context_limit_for_pooling_requests(tiny):
         llm.generate([full])
     with pytest.raises(ValueError, match="unknown pooling"):
         Pooling("cls")
+
+
+def test_pooling_requests_never_speculate(tiny):
+    """With speculative decoding on, a prompt whose last chunk is one token looks like a
+    decode to the proposer; a pooling request must still pool its prompt and nothing else."""
+    folder, hf = tiny
+    prompt = [5, 6, 7, 8] * 6 + [5]  # repetitive: the n-gram proposer would find a draft
+    plain = LLM(model=str(folder), dtype="float32", num_kv_blocks=64).embed(prompt, pooling="mean")[0].embedding
+    spec = LLM(model=str(folder), dtype="float32", num_kv_blocks=64, max_num_batched_tokens=24,
+               speculative={"method": "ngram", "k": 4})
+    for pooling in ("mean", "last"):
+        (out,) = spec.embed(prompt, pooling=pooling)
+        np.testing.assert_allclose(out.embedding, hf_vector(hf, prompt, pooling), atol=ATOL, rtol=0)
+    assert spec.embed(prompt, pooling="mean")[0].embedding == plain

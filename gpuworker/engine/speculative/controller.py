@@ -64,7 +64,8 @@ class SpecDecoder:
     @staticmethod
     def eligible(req: Request) -> bool:
         p = req.params
-        return not p.uses_penalties and not p.logit_bias and not p.min_tokens
+        # A pooling request (embeddings) samples nothing: there is nothing to verify.
+        return not p.uses_penalties and not p.logit_bias and not p.min_tokens and req.pooling is None
 
     def propose(self, running: list[Request]) -> None:
         """Set ``spec_token_ids`` on the decoding requests that speculate this step."""
