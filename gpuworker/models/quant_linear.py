@@ -31,6 +31,11 @@ _FLAGS_VNNI = ["-O3", "-march=native", "-mavx512f", "-mavx512bw", "-mavx512vl", 
                "-std=gnu11", "-ffp-contract=off"]
 _FLAGS_AVX2 = ["-O3", "-mavx2", "-mfma", "-mf16c", "-std=gnu11", "-ffp-contract=off"]
 
+# x as the kernels take it: "float" (float32, exact to float32 sums) or "int8" (blocks of 32
+# quantized, llama.cpp's way: integer dot products, ~0.5% error per matmul)
+ACTIVATIONS = ("float", "int8")
+DEFAULT_ACTIVATIONS = "float"
+
 _lock = threading.Lock()
 _loaded: "ctypes.CDLL | None | bool" = False  # False = not tried yet
 
@@ -66,6 +71,17 @@ def _build(isa: str | None) -> ctypes.CDLL | None:
     lib.quant_x.restype = None
     lib.quant_linear.argtypes = [c, p, p, p, i, i, p, i, p, i, c]
     lib.quant_linear.restype = c
+    lib.quant_linear_f32.argtypes = [c, p, i, i, i, p, i, p, i, c]
+    lib.quant_linear_f32.restype = c
+    lib.quant_linear16.argtypes = [c, p, p, p, i, i, p, i, p, i, c]
+    lib.quant_linear16.restype = c
+    lib.quant_repack16.argtypes = [c, p, i, i, p]
+    lib.quant_repack16.restype = c
+    lib.quant_repack16_bytes.argtypes = [c, i, i]
+    lib.quant_repack16_bytes.restype = i
+    lib.quant_rows16.argtypes = [c, p, i, p, i, p, c]
+    lib.quant_rows16.restype = c
+    lib.repack16 = bool(lib.quant_has_repack16())
     lib.quant_rows.argtypes = [c, p, i, p, i, p, c]
     lib.quant_rows.restype = c
     lib.quant_isa.restype = ctypes.c_char_p
@@ -104,13 +120,36 @@ class QuantWeight:
         self.packed = packed.contiguous()
         self.qtype, self.k, self.n = qtype, k, packed.shape[0]
         self.type_name = type_name(qtype)
+        self.layout = "rows"  # the file's blocks row by row; "x16": quant_repack16's groups of 16 rows
+
+    def repack16(self, lib: ctypes.CDLL) -> "QuantWeight":
+        """Re-lay the blocks out for the 16-row kernel where it runs this type (AVX512-VNNI:
+        Q4_0, Q4_1, Q8_0); the row bytes are dropped (one copy). Returns self."""
+        size = lib.quant_repack16_bytes(self.qtype, self.n, self.k)
+        if self.layout != "rows" or not lib.repack16 or size < 0:
+            return self
+        out = torch.empty(size, dtype=torch.uint8)
+        if lib.quant_repack16(self.qtype, self.packed.data_ptr(), self.n, self.k, out.data_ptr()) != 0:
+            return self
+        self.packed, self.layout = out, "x16"
+        return self
 
     def run(self, lib: ctypes.CDLL, xq: tuple[torch.Tensor, torch.Tensor, torch.Tensor], y: torch.Tensor) -> None:
         """y ``[m, n]`` (a column slice of a wider output is fine) = x @ W^T, x quantized."""
         q, d, s = xq
-        rc = lib.quant_linear(self.qtype, q.data_ptr(), d.data_ptr(), s.data_ptr(), q.shape[0], self.k,
+        run = lib.quant_linear16 if self.layout == "x16" else lib.quant_linear
+        rc = run(self.qtype, q.data_ptr(), d.data_ptr(), s.data_ptr(), q.shape[0], self.k,
                               self.packed.data_ptr(), self.n, y.data_ptr(), y.stride(0),
                               int(y.dtype == torch.bfloat16))
+        if rc != 0:
+            raise RuntimeError(f"quantized matmul failed (rc {rc}) for {self.type_name} ({self.n}, {self.k})")
+
+    def run_float(self, lib: ctypes.CDLL, x: torch.Tensor, y: torch.Tensor) -> None:
+        """y = x @ W^T with x float32 ``[m, k]`` unquantized (quant_linear_f32; the row layout)."""
+        if self.layout != "rows":
+            raise ValueError("float activations run on the row layout; this weight is repacked")
+        rc = lib.quant_linear_f32(self.qtype, x.data_ptr(), x.stride(0), x.shape[0], self.k, self.packed.data_ptr(),
+                                  self.n, y.data_ptr(), y.stride(0), int(y.dtype == torch.bfloat16))
         if rc != 0:
             raise RuntimeError(f"quantized matmul failed (rc {rc}) for {self.type_name} ({self.n}, {self.k})")
 
@@ -119,7 +158,8 @@ class QuantWeight:
         if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.n):
             raise IndexError(f"row ids out of range for a table of {self.n} rows")
         out = torch.empty(ids.numel(), self.k, dtype=dtype)
-        rc = lib.quant_rows(self.qtype, self.packed.data_ptr(), self.k, ids.data_ptr(), ids.numel(), out.data_ptr(),
+        rows = lib.quant_rows16 if self.layout == "x16" else lib.quant_rows
+        rc = rows(self.qtype, self.packed.data_ptr(), self.k, ids.data_ptr(), ids.numel(), out.data_ptr(),
                             int(dtype == torch.bfloat16))
         if rc != 0:
             raise RuntimeError(f"row lookup failed (rc {rc}) for {self.type_name}")
@@ -137,7 +177,7 @@ class FloatWeight:
         self.weight = None if self.packed_weight is not None else w
         self.packed = self.packed_weight.packed if self.packed_weight is not None else w
 
-    def run_float(self, x: torch.Tensor, y: torch.Tensor) -> None:
+    def run_plain(self, x: torch.Tensor, y: torch.Tensor) -> None:
         y.copy_(self.packed_weight(x, None) if self.packed_weight is not None else F.linear(x, self.weight))
 
     def rows(self, lib, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -150,10 +190,18 @@ class QuantLinear:
     """One projection of segments stacked by rows; ``__call__(x, bias)`` is ``F.linear`` on
     their concatenation, in x's dtype (float32 or bfloat16); ``rows(ids)`` an embedding lookup."""
 
-    def __init__(self, lib: ctypes.CDLL, segments: list[QuantWeight | FloatWeight], dtype: torch.dtype) -> None:
+    def __init__(self, lib: ctypes.CDLL, segments: list[QuantWeight | FloatWeight], dtype: torch.dtype,
+                 activations: str | None = None) -> None:
         if not segments or len({s.k for s in segments}) != 1:
             raise ValueError("a quantized linear needs segments of one width")
         self.lib, self.segments, self.dtype = lib, segments, dtype
+        self.activations = activations or DEFAULT_ACTIVATIONS
+        if self.activations not in ACTIVATIONS:
+            raise ValueError(f"activations {self.activations!r}: expected one of {', '.join(ACTIVATIONS)}")
+        if self.activations == "int8":
+            for seg in segments:
+                if isinstance(seg, QuantWeight):
+                    seg.repack16(lib)
         self.k = segments[0].k
         self.n = sum(s.n for s in segments)
 
@@ -175,16 +223,19 @@ class QuantLinear:
         y = torch.empty(x.shape[0], self.n, dtype=x.dtype)
         if x.shape[0] == 0:
             return y
-        xq = None
+        xq = xf = None  # x as the kernels read it: once for every segment
         col = 0
+        loader.sync_threads(self.lib)
         for seg in self.segments:
             out = y[:, col:col + seg.n]
-            if isinstance(seg, QuantWeight):
-                if xq is None:
-                    xq = quantize_x(self.lib, x)  # once for every segment
+            if isinstance(seg, FloatWeight):
+                seg.run_plain(x, out)
+            elif self.activations == "int8":
+                xq = quantize_x(self.lib, x) if xq is None else xq
                 seg.run(self.lib, xq, out)
             else:
-                seg.run_float(x, out)
+                xf = x.float() if xf is None else xf
+                seg.run_float(self.lib, xf, out)
             col += seg.n
         return y if bias is None else y.add_(bias)
 

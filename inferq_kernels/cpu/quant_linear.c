@@ -254,6 +254,330 @@ int quant_linear(int type, const int8_t *xq, const float *xd, const float *xs, i
     return 0;
 }
 
+/* ---------------------------------------------------------------- float activations */
+
+/* The same weights against float32 x, unquantized: each sub-block's q widened to float and
+   scaled (w = q * scale + offset, one FMA) in registers, then FMAs with x, two accumulators
+   per output (the even and odd vectors of a block). Exact to float32 summation, where the
+   int8 path above carries x's quantization error (about 0.5% per matmul). */
+#ifdef __AVX512F__
+typedef __m512 vf;
+#define VF_LANES 16
+#define VF_FMA _mm512_fmadd_ps
+#define VF_SET1 _mm512_set1_ps
+#define VF_LOAD _mm512_loadu_ps
+#define VF_ZERO _mm512_setzero_ps
+#define RMF_MAX 2 /* 4 weight rows x 2 rows of x x 2 accumulators = 16 zmm */
+static inline float vf_hsum(vf a, vf b) {
+    const __m512 v = _mm512_add_ps(a, b);
+    return hsum8(_mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1))));
+}
+/* elements 16c .. 16c+15 of the 32 bytes q as floats (signed bytes where sgn) */
+static inline __attribute__((always_inline)) vf widen(__m256i q, int c, int sgn) {
+    const __m128i h = c ? _mm256_extracti128_si256(q, 1) : _mm256_castsi256_si128(q);
+    return _mm512_cvtepi32_ps(sgn ? _mm512_cvtepi8_epi32(h) : _mm512_cvtepu8_epi32(h));
+}
+#else
+typedef __m256 vf;
+#define VF_LANES 8
+#define VF_FMA _mm256_fmadd_ps
+#define VF_SET1 _mm256_set1_ps
+#define VF_LOAD _mm256_loadu_ps
+#define VF_ZERO _mm256_setzero_ps
+#define RMF_MAX 2
+static inline float vf_hsum(vf a, vf b) { return hsum8(_mm256_add_ps(a, b)); }
+static inline __attribute__((always_inline)) vf widen(__m256i q, int c, int sgn) {
+    __m128i h = c >= 2 ? _mm256_extracti128_si256(q, 1) : _mm256_castsi256_si128(q);
+    if (c & 1) h = _mm_srli_si128(h, 8);
+    return _mm256_cvtepi32_ps(sgn ? _mm256_cvtepi8_epi32(h) : _mm256_cvtepu8_epi32(h));
+}
+#endif
+#define CHUNKS (32 / VF_LANES)
+
+static inline __attribute__((always_inline)) void ftile(const int T, const int rn, const int rm,
+        const uint8_t *w, int64_t row_bytes, int64_t k, const float *x, int64_t ldx, float *out) {
+    const int subs = qblock_elems(T) / 32, gbytes = qblock_bytes(T);
+    const int64_t groups = k / qblock_elems(T);
+    vf acc[RN][RMF_MAX][2];
+    for (int r = 0; r < rn; ++r)
+        for (int i = 0; i < rm; ++i) acc[r][i][0] = acc[r][i][1] = VF_ZERO();
+    for (int64_t g = 0; g < groups; ++g) {
+        float sc[RN][16], of[RN][8];
+        const uint8_t *p[RN];
+        for (int r = 0; r < rn; ++r) {
+            p[r] = w + r * row_bytes + g * gbytes;
+            prep(T, p[r], sc[r], of[r]);
+        }
+        for (int j = 0; j < subs; ++j) {
+            const int64_t e0 = (g * subs + j) * 32;
+            __m256i q[RN];
+            for (int r = 0; r < rn; ++r) q[r] = unpack(T, p[r], j);
+            for (int c = 0; c < CHUNKS; ++c) {
+                const int half = c * VF_LANES / 16;
+                vf wv[RN];
+                for (int r = 0; r < rn; ++r) {
+                    const float s = sc[r][2 * j + half];
+                    const float o = T == GGML_Q6_K ? -32.0f * s : T == GGML_Q8_0 ? 0.0f : of[r][j];
+                    wv[r] = VF_FMA(widen(q[r], c, T == GGML_Q8_0), VF_SET1(s), VF_SET1(o));
+                }
+                for (int i = 0; i < rm; ++i) {
+                    const vf xv = VF_LOAD(x + i * ldx + e0 + c * VF_LANES);
+                    for (int r = 0; r < rn; ++r) acc[r][i][c & 1] = VF_FMA(wv[r], xv, acc[r][i][c & 1]);
+                }
+            }
+        }
+    }
+    for (int r = 0; r < rn; ++r)
+        for (int i = 0; i < rm; ++i) out[r * rm + i] = vf_hsum(acc[r][i][0], acc[r][i][1]);
+}
+
+typedef void (*ftile_fn)(const uint8_t *, int64_t, int64_t, const float *, int64_t, float *);
+#define FTILE(T, R, M) \
+    static void ftile_##T##_##R##_##M(const uint8_t *w, int64_t rb, int64_t k, const float *x, int64_t ldx, \
+                                      float *out) { ftile(T, R, M, w, rb, k, x, ldx, out); }
+#define FTILES(T) FTILE(T, 1, 1) FTILE(T, 1, 2) FTILE(T, 4, 1) FTILE(T, 4, 2)
+#define FTABLE(T) {{0, ftile_##T##_1_1, ftile_##T##_1_2}, {0, ftile_##T##_4_1, ftile_##T##_4_2}}
+FTILES(GGML_Q4_0) FTILES(GGML_Q4_1) FTILES(GGML_Q5_0) FTILES(GGML_Q5_1) FTILES(GGML_Q8_0)
+FTILES(GGML_Q4_K) FTILES(GGML_Q5_K) FTILES(GGML_Q6_K)
+static const ftile_fn FTILE_Q4_0[2][RMF_MAX + 1] = FTABLE(GGML_Q4_0), FTILE_Q4_1[2][RMF_MAX + 1] = FTABLE(GGML_Q4_1),
+    FTILE_Q5_0[2][RMF_MAX + 1] = FTABLE(GGML_Q5_0), FTILE_Q5_1[2][RMF_MAX + 1] = FTABLE(GGML_Q5_1),
+    FTILE_Q8_0[2][RMF_MAX + 1] = FTABLE(GGML_Q8_0), FTILE_Q4_K[2][RMF_MAX + 1] = FTABLE(GGML_Q4_K),
+    FTILE_Q5_K[2][RMF_MAX + 1] = FTABLE(GGML_Q5_K), FTILE_Q6_K[2][RMF_MAX + 1] = FTABLE(GGML_Q6_K);
+
+static const ftile_fn (*ftiles_of(int type))[RMF_MAX + 1] {
+    switch (type) {
+    case GGML_Q4_0: return FTILE_Q4_0;
+    case GGML_Q4_1: return FTILE_Q4_1;
+    case GGML_Q5_0: return FTILE_Q5_0;
+    case GGML_Q5_1: return FTILE_Q5_1;
+    case GGML_Q8_0: return FTILE_Q8_0;
+    case GGML_Q4_K: return FTILE_Q4_K;
+    case GGML_Q5_K: return FTILE_Q5_K;
+    case GGML_Q6_K: return FTILE_Q6_K;
+    }
+    return 0;
+}
+
+/* y[m, n] = x @ W^T with x float32 [m, k] (row stride ldx), as quant_linear otherwise. */
+int quant_linear_f32(int type, const float *x, int64_t ldx, int64_t m, int64_t k,
+                     const uint8_t *w, int64_t n, void *y, int64_t ldy, int y_bf16) {
+    const ftile_fn (*tab)[RMF_MAX + 1] = ftiles_of(type);
+    if (!tab || k <= 0 || k % qblock_elems(type) || m < 0 || n < 0) return -1;
+    const int64_t row_bytes = k / qblock_elems(type) * qblock_bytes(type);
+    const int64_t tiles = (n + RN - 1) / RN;
+    OMP(omp parallel num_threads(kernel_nthreads) if (n >= 2 * RN))
+    for (int64_t m0 = 0; m0 < m; m0 += X_BLOCK_ROWS) {
+        const int64_t m1 = m - m0 < X_BLOCK_ROWS ? m : m0 + X_BLOCK_ROWS;
+        OMP(omp for schedule(static))
+        for (int64_t t = 0; t < tiles; ++t) {
+            const int64_t n0 = t * RN, rn = n - n0 < RN ? n - n0 : RN;
+            for (int64_t i0 = m0; i0 < m1; i0 += RMF_MAX) {
+                const int rm = (int)(m1 - i0 < RMF_MAX ? m1 - i0 : RMF_MAX);
+                float out[RN * RMF_MAX];
+                if (rn == RN) {
+                    tab[1][rm](w + n0 * row_bytes, row_bytes, k, x + i0 * ldx, ldx, out);
+                } else {
+                    for (int64_t r = 0; r < rn; ++r) tab[0][rm](w + (n0 + r) * row_bytes, row_bytes, k, x + i0 * ldx, ldx, out + r * rm);
+                }
+                for (int64_t r = 0; r < rn; ++r)
+                    for (int i = 0; i < rm; ++i) {
+                        const int64_t at = (i0 + i) * ldy + n0 + r;
+                        if (y_bf16) ((uint16_t *)y)[at] = f32_to_bf16(out[r * rm + i]);
+                        else ((float *)y)[at] = out[r * rm + i];
+                    }
+            }
+        }
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------- 16-row interleaved (AVX512-VNNI) */
+
+/* Q4_0, Q4_1 and Q8_0 repacked once at load for a 512-bit dot: rows in groups of 16, and per
+   group and 32-element block one record: the 16 rows' scales d (f16 [16]), their offsets o
+   (f16 [16]: Q4_1's m, Q4_0's -8 d, Q8_0's -128 d), then the weights as unsigned q (the weight
+   is d * q + o), 4 bytes (4 elements) of each of the 16 rows per 64-byte vector: Q8_0 8 vectors
+   (element 4t + b of row r at byte 4r + b of vector t, as w + 128); Q4_x 4 vectors of nibbles
+   (vector p: element 8p + b in the low nibble of byte 4r + b, element 8p + 4 + b in the high).
+   One vpdpbusd then serves 16 rows against 4 of x's bytes (broadcast): the scales, the
+   integer-to-float conversion and the accumulation are vector operations over the 16 rows,
+   where the row layout spends them per row (about 5x fewer instructions per weight). The
+   record is the same bytes as the file's blocks, plus the offsets (Q4_0 4.5 -> 5 bits a weight,
+   Q8_0 8.5 -> 9); rows past n are zero. */
+#define G16 16
+static inline int rec16_bytes(int type) {
+    return type == GGML_Q8_0 ? 64 + 512 : (type == GGML_Q4_0 || type == GGML_Q4_1) ? 64 + 256 : 0;
+}
+
+int64_t quant_repack16_bytes(int type, int64_t n, int64_t k) {
+    if (!rec16_bytes(type) || k % 32) return -1;
+    return (n + G16 - 1) / G16 * (k / 32) * rec16_bytes(type);
+}
+
+int quant_repack16(int type, const uint8_t *w, int64_t n, int64_t k, uint8_t *out) {
+    const int rb = rec16_bytes(type);
+    if (!rb || k % 32) return -1;
+    const int64_t nb = k / 32, row_bytes = nb * qblock_bytes(type), groups = (n + G16 - 1) / G16;
+    memset(out, 0, (size_t)(groups * nb * rb));
+    for (int64_t g = 0; g < groups; ++g)
+        for (int64_t b = 0; b < nb; ++b) {
+            uint8_t *rec = out + (g * nb + b) * rb;
+            uint16_t *d = (uint16_t *)rec, *o = (uint16_t *)(rec + 32);
+            uint8_t *q = rec + 64;
+            for (int r = 0; r < G16 && g * G16 + r < n; ++r) {
+                const uint8_t *p = w + (g * G16 + r) * row_bytes + b * qblock_bytes(type);
+                uint8_t e[32]; /* unsigned q of the 32 elements */
+                if (type == GGML_Q8_0) {
+                    const blk_q8_0 *blk = (const blk_q8_0 *)p;
+                    d[r] = blk->d;
+                    o[r] = _cvtss_sh(-128.0f * f16_to_f32(blk->d), 0);
+                    for (int i = 0; i < 32; ++i) e[i] = (uint8_t)(blk->qs[i] + 128);
+                    for (int t = 0; t < 8; ++t)
+                        for (int i = 0; i < 4; ++i) q[t * 64 + 4 * r + i] = e[4 * t + i];
+                } else {
+                    const uint8_t *qs = type == GGML_Q4_0 ? ((const blk_q4_0 *)p)->qs : ((const blk_q4_1 *)p)->qs;
+                    d[r] = ((const uint16_t *)p)[0];
+                    o[r] = type == GGML_Q4_0 ? _cvtss_sh(-8.0f * f16_to_f32(d[r]), 0) : ((const blk_q4_1 *)p)->m;
+                    for (int i = 0; i < 16; ++i) { e[i] = qs[i] & 15; e[i + 16] = qs[i] >> 4; }
+                    for (int v = 0; v < 4; ++v)
+                        for (int i = 0; i < 4; ++i) q[v * 64 + 4 * r + i] = (uint8_t)(e[8 * v + i] | e[8 * v + 4 + i] << 4);
+                }
+            }
+        }
+    return 0;
+}
+
+/* Row `row` of a repacked table as floats, the same values as dequant_block's. */
+static void repacked_row(int type, const uint8_t *wp, int64_t k, int64_t row, float *out) {
+    const int rb = rec16_bytes(type);
+    const int64_t nb = k / 32, g = row / G16;
+    const int r = (int)(row % G16);
+    for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t *rec = wp + (g * nb + b) * rb;
+        const float d = f16_to_f32(((const uint16_t *)rec)[r]), o = f16_to_f32(((const uint16_t *)(rec + 32))[r]);
+        const uint8_t *q = rec + 64;
+        for (int e = 0; e < 32; ++e) {
+            float v;
+            if (type == GGML_Q8_0) {
+                v = d * (float)((int)q[(e / 4) * 64 + 4 * r + e % 4] - 128);
+            } else {
+                const int byte = q[(e / 8) * 64 + 4 * r + e % 4], nib = (e % 8) < 4 ? byte & 15 : byte >> 4;
+                v = type == GGML_Q4_0 ? d * (float)(nib - 8) : d * (float)nib + o;
+            }
+            out[b * 32 + e] = v;
+        }
+    }
+}
+
+int quant_rows16(int type, const uint8_t *wp, int64_t k, const int64_t *ids, int64_t n_ids, void *out, int out_bf16) {
+    if (!rec16_bytes(type) || k % 32) return -1;
+    for (int64_t i = 0; i < n_ids; ++i) {
+        float v[k];
+        repacked_row(type, wp, k, ids[i], v);
+        for (int64_t e = 0; e < k; ++e) {
+            if (out_bf16) ((uint16_t *)out)[i * k + e] = f32_to_bf16(v[e]);
+            else ((float *)out)[i * k + e] = v[e];
+        }
+    }
+    return 0;
+}
+
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#define HAVE_REPACK16 1
+/* One group of 16 weight rows x rm rows of x (x as quant_x left it): acc[i] lane r = y[i][row r]. */
+static inline __attribute__((always_inline)) void g16_tile(const int T, const int rm, const uint8_t *wp, int64_t nb,
+        const int8_t *xq, int64_t k, const float *xd, const float *xs, __m512 *acc) {
+    const int rb = rec16_bytes(T);
+    const __m512i low = _mm512_set1_epi8(0x0F);
+    for (int i = 0; i < rm; ++i) acc[i] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t *rec = wp + b * rb;
+        if (b + 4 < nb) _mm_prefetch((const char *)(rec + 4 * rb), _MM_HINT_T0);
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)rec));
+        const __m512 o = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(rec + 32)));
+        __m512i lo[RM_MAX], hi[RM_MAX]; /* two chains per row of x: half the dependent vpdpbusd */
+        for (int i = 0; i < rm; ++i) lo[i] = hi[i] = _mm512_setzero_si512();
+        if (T == GGML_Q8_0) {
+            for (int t = 0; t < 8; ++t) {
+                const __m512i v = _mm512_loadu_si512((const void *)(rec + 64 + 64 * t));
+                for (int i = 0; i < rm; ++i) {
+                    int32_t x4;
+                    memcpy(&x4, xq + i * k + b * 32 + 4 * t, 4);
+                    if (t & 1) hi[i] = _mm512_dpbusd_epi32(hi[i], v, _mm512_set1_epi32(x4));
+                    else lo[i] = _mm512_dpbusd_epi32(lo[i], v, _mm512_set1_epi32(x4));
+                }
+            }
+        } else {
+            for (int p = 0; p < 4; ++p) {
+                const __m512i v = _mm512_loadu_si512((const void *)(rec + 64 + 64 * p));
+                const __m512i vl = _mm512_and_si512(v, low), vh = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+                for (int i = 0; i < rm; ++i) {
+                    int32_t xa, xb;
+                    memcpy(&xa, xq + i * k + b * 32 + 8 * p, 4);
+                    memcpy(&xb, xq + i * k + b * 32 + 8 * p + 4, 4);
+                    lo[i] = _mm512_dpbusd_epi32(lo[i], vl, _mm512_set1_epi32(xa));
+                    hi[i] = _mm512_dpbusd_epi32(hi[i], vh, _mm512_set1_epi32(xb));
+                }
+            }
+        }
+        for (int i = 0; i < rm; ++i) {
+            const __m512 dot = _mm512_cvtepi32_ps(_mm512_add_epi32(lo[i], hi[i]));
+            acc[i] = _mm512_fmadd_ps(dot, _mm512_mul_ps(d, _mm512_set1_ps(xd[i * nb + b])), acc[i]);
+            acc[i] = _mm512_fmadd_ps(o, _mm512_set1_ps(xs[(i * nb + b) * 4 + 2]), acc[i]);
+        }
+    }
+}
+
+typedef void (*g16_fn)(const uint8_t *, int64_t, const int8_t *, int64_t, const float *, const float *, __m512 *);
+#define G16FN(T, M) static void g16_##T##_##M(const uint8_t *wp, int64_t nb, const int8_t *xq, int64_t k, \
+    const float *xd, const float *xs, __m512 *acc) { g16_tile(T, M, wp, nb, xq, k, xd, xs, acc); }
+#define G16FNS(T) G16FN(T, 1) G16FN(T, 2) G16FN(T, 3) G16FN(T, 4)
+G16FNS(GGML_Q4_0) G16FNS(GGML_Q4_1) G16FNS(GGML_Q8_0)
+static const g16_fn G16_Q4_0[5] = {0, g16_GGML_Q4_0_1, g16_GGML_Q4_0_2, g16_GGML_Q4_0_3, g16_GGML_Q4_0_4},
+    G16_Q4_1[5] = {0, g16_GGML_Q4_1_1, g16_GGML_Q4_1_2, g16_GGML_Q4_1_3, g16_GGML_Q4_1_4},
+    G16_Q8_0[5] = {0, g16_GGML_Q8_0_1, g16_GGML_Q8_0_2, g16_GGML_Q8_0_3, g16_GGML_Q8_0_4};
+
+/* y[m, n] = x @ W^T on a repacked W (quant_repack16), x as quant_x left it. Threads split the
+   16-row groups; each output is one lane's sum over k in block order, whatever m or thread. */
+int quant_linear16(int type, const int8_t *xq, const float *xd, const float *xs, int64_t m, int64_t k,
+                   const uint8_t *wp, int64_t n, void *y, int64_t ldy, int y_bf16) {
+    const g16_fn *tab = type == GGML_Q4_0 ? G16_Q4_0 : type == GGML_Q4_1 ? G16_Q4_1 : type == GGML_Q8_0 ? G16_Q8_0 : 0;
+    if (!tab || k <= 0 || k % 32 || m < 0 || n < 0) return -1;
+    const int64_t nb = k / 32, groups = (n + G16 - 1) / G16, rec_group = nb * rec16_bytes(type);
+    OMP(omp parallel num_threads(kernel_nthreads) if (groups >= 2))
+    for (int64_t m0 = 0; m0 < m; m0 += X_BLOCK_ROWS) {
+        const int64_t m1 = m - m0 < X_BLOCK_ROWS ? m : m0 + X_BLOCK_ROWS;
+        OMP(omp for schedule(static))
+        for (int64_t g = 0; g < groups; ++g) {
+            const int64_t n0 = g * G16, rn = n - n0 < G16 ? n - n0 : G16;
+            for (int64_t i0 = m0; i0 < m1; i0 += RM_MAX) {
+                const int rm = (int)(m1 - i0 < RM_MAX ? m1 - i0 : RM_MAX);
+                __m512 acc[RM_MAX];
+                tab[rm](wp + g * rec_group, nb, xq + i0 * k, k, xd + i0 * nb, xs + i0 * nb * 4, acc);
+                for (int i = 0; i < rm; ++i) {
+                    float out[G16];
+                    _mm512_storeu_ps(out, acc[i]);
+                    for (int64_t r = 0; r < rn; ++r) {
+                        const int64_t at = (i0 + i) * ldy + n0 + r;
+                        if (y_bf16) ((uint16_t *)y)[at] = f32_to_bf16(out[r]);
+                        else ((float *)y)[at] = out[r];
+                    }
+                }
+            }
+        }
+    }
+    return 0;
+}
+#else
+#define HAVE_REPACK16 0
+int quant_linear16(int type, const int8_t *xq, const float *xd, const float *xs, int64_t m, int64_t k,
+                   const uint8_t *wp, int64_t n, void *y, int64_t ldy, int y_bf16) {
+    (void)type; (void)xq; (void)xd; (void)xs; (void)m; (void)k; (void)wp; (void)n; (void)y; (void)ldy; (void)y_bf16;
+    return -1;
+}
+#endif
+int quant_has_repack16(void) { return HAVE_REPACK16; }
+
 /* ---------------------------------------------------------------- rows (the embedding) */
 
 /* One block's 32 * subs weights as floats, computed as gguf's numpy dequantizers do (the same
