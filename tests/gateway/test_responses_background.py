@@ -104,12 +104,15 @@ class GatewayProc:
 @pytest.mark.slow
 def test_background_response_survives_a_killed_worker_and_gateway(stack, tmp_path):
     model = "resp-bg"
-    # Paced so the kill lands mid-generation on any machine.
-    first = WorkerProc(stack.url, stack.model_dir, model, tmp_path, "resp-bg-1", "--device", "cpu",
-                       "--step-pace-s", "0.05").wait_ready(240)
-    second = gw_a = gw_b = None
+    # Two workers started together (a start costs seconds); the one that takes the job
+    # is killed, the other takes it over. Paced so the kill lands mid-generation.
+    workers = {name: WorkerProc(stack.url, stack.model_dir, model, tmp_path, name, "--device", "cpu",
+                                "--step-pace-s", "0.05") for name in ("resp-bg-1", "resp-bg-2")}
+    gw_a = gw_b = None
     r = redis.Redis.from_url(stack.url)
     try:
+        for w in workers.values():
+            w.wait_ready(240)
         gw_a = GatewayProc(stack.url, tmp_path)
         client_a = OpenAI(base_url=f"{gw_a.url}/v1", api_key="unused", max_retries=0, timeout=120)
         stream = client_a.responses.create(model=model, input="Tell me everything", background=True, stream=True,
@@ -123,20 +126,20 @@ def test_background_response_survives_a_killed_worker_and_gateway(stack, tmp_pat
         resp_id = seen[0].response.id
         assert [e.type for e in seen[:3]] == ["response.created", "response.queued", "response.in_progress"]
         assert seen[0].response.status == "queued"
-        first.kill()
+        job_id = resp_id.removeprefix("resp_")
+        holder = r.hget(keys.job_info(job_id), "worker").decode()
+        workers[holder].kill()
         gw_a.kill()
 
         gw_b = GatewayProc(stack.url, tmp_path)
         client_b = OpenAI(base_url=f"{gw_b.url}/v1", api_key="unused", max_retries=0, timeout=120)
         assert client_b.responses.retrieve(resp_id).status == "in_progress"  # from the job's records alone
-        second = WorkerProc(stack.url, stack.model_dir, model, tmp_path, "resp-bg-2", "--device", "cpu")
-        second.wait_ready(240)
         final = wait_for(lambda: (x := client_b.responses.retrieve(resp_id)).status in FINAL and x, 120,
                          "the response to end")
         assert final.status in ("completed", "incomplete"), final.status
 
         # The job was redelivered and continued (request migration), not started over.
-        events = [decode_event(f) for _, f in r.xrange(keys.reply(resp_id.removeprefix("resp_")))]
+        events = [decode_event(f) for _, f in r.xrange(keys.reply(job_id))]
         [restarted] = [e for e in events if e.type == "restarted"]
         assert restarted.resume and restarted.resume[0].tokens > 0
 
@@ -154,7 +157,6 @@ def test_background_response_survives_a_killed_worker_and_gateway(stack, tmp_pat
         for p in (gw_a, gw_b):
             if p is not None:
                 p.kill()
-        for w in (first, second):
-            if w is not None:
-                w.terminate(timeout=20)
+        for w in workers.values():
+            w.terminate(timeout=20)
         r.close()
