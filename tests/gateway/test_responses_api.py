@@ -14,7 +14,7 @@ import pytest
 from openai import OpenAI
 from pydantic import BaseModel
 
-from tests.gateway.stack import TINY
+from tests.gateway.stack import TINY, running_gateway
 
 
 @pytest.fixture(scope="module")
@@ -172,3 +172,18 @@ def test_unsupported_fields_are_400s_naming_them(gateway_url, body, param):
     resp = httpx.post(f"{gateway_url}/v1/responses", json=body, timeout=30)
     assert resp.status_code == 400, resp.text
     assert resp.json()["error"]["param"] == param, resp.json()
+
+
+def test_tenants_see_only_their_own_responses_and_each_keeps_a_bounded_number(stack):
+    with running_gateway(stack.url, api_keys="ka:alice,kb:bob", responses_max_per_tenant=2) as url:
+        alice, bob = (OpenAI(base_url=f"{url}/v1", api_key=k, max_retries=0, timeout=120) for k in ("ka", "kb"))
+        ids = [create(alice, input=f"turn {i}", max_output_tokens=2).id for i in range(3)]
+        theirs = create(bob, input="mine", max_output_tokens=2)
+        with pytest.raises(openai.NotFoundError):
+            bob.responses.retrieve(ids[2])
+        with pytest.raises(openai.BadRequestError):
+            create(bob, input="x", previous_response_id=ids[2])
+        with pytest.raises(openai.NotFoundError):  # the oldest of alice's three went
+            alice.responses.retrieve(ids[0])
+        assert [alice.responses.retrieve(i).id for i in ids[1:]] == ids[1:]
+        assert bob.responses.retrieve(theirs.id).id == theirs.id

@@ -54,6 +54,22 @@ def test_background_returns_queued_then_completes(client):
                                    temperature=0).output_text == done.output_text
 
 
+def test_an_ended_response_is_saved_before_its_reply_stream_expires(client, stack):
+    r = client.responses.create(model=TINY, input="Save me", background=True, max_output_tokens=8, temperature=0)
+    job_id = r.id.removeprefix("resp_")
+    r_ = redis.Redis.from_url(stack.url)
+    try:
+        # Nobody asks for it: the gateway saves its final object on its own.
+        wait_for(lambda: r_.hexists(keys.response(job_id), "final"), 120, "the final object to be saved")
+        r_.delete(keys.reply(job_id), keys.job_info(job_id))  # what reply_ttl does later
+    finally:
+        r_.close()
+    kept = client.responses.retrieve(r.id)
+    assert kept.status in ("completed", "incomplete") and kept.output_text
+    assert kept.output_text == client.responses.create(model=TINY, input="Save me", max_output_tokens=8,
+                                                       temperature=0).output_text
+
+
 def test_background_cancel(client, stack):
     r = client.responses.create(model=TINY, input="Go on and on", background=True, max_output_tokens=4000,
                                 temperature=0.8)
