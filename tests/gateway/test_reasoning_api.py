@@ -86,6 +86,17 @@ def test_reasoning_apart_from_content_stream_and_not(client):
     assert reasoning and "<think>" not in reasoning and "</think>" not in reasoning and "\n" not in reasoning
     assert msg.content.startswith("The answer is ") and "think>" not in msg.content
     assert streamed(client, **kw) == (reasoning, msg.content, "stop")
+    # Several choices: each is split on its own, streamed and not.
+    both = client.chat.completions.create(n=2, **kw).choices
+    assert [(reasoning_of(c.message), c.message.content) for c in both] == [(reasoning, msg.content)] * 2
+    per_choice: dict = {}
+    for chunk in client.chat.completions.create(stream=True, n=2, **kw):
+        for c in chunk.choices:
+            r, t = per_choice.setdefault(c.index, ([], []))
+            r.append((c.delta.model_extra or {}).get("reasoning_content") or "")
+            t.append(c.delta.content or "")
+    assert {i: ("".join(r), "".join(t)) for i, (r, t) in per_choice.items()} == {0: (reasoning, msg.content),
+                                                                                1: (reasoning, msg.content)}
 
 
 def test_schema_applies_after_the_reasoning(client):
