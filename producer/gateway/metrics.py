@@ -13,10 +13,13 @@ _TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.7
 # Label values are templates, never raw paths or methods: a caller must not be
 # able to create series by inventing URLs or HTTP verbs.
 _ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/v1/jobs", "/health", "/ready", "/metrics",
-           "/v1/embeddings", "/tokenize", "/detokenize")
+           "/v1/embeddings", "/tokenize", "/detokenize", "/v1/responses")
 _TEMPLATES = ((re.compile(r"^/v1/jobs/[^/]+$"), "/v1/jobs/{id}"),
               (re.compile(r"^/v1/jobs/[^/]+/events$"), "/v1/jobs/{id}/events"),
-              (re.compile(r"^/v1/models/[^/]+$"), "/v1/models/{model}"))
+              (re.compile(r"^/v1/models/[^/]+$"), "/v1/models/{model}"),
+              (re.compile(r"^/v1/responses/[^/]+$"), "/v1/responses/{id}"),
+              (re.compile(r"^/v1/responses/[^/]+/cancel$"), "/v1/responses/{id}/cancel"),
+              (re.compile(r"^/v1/responses/[^/]+/input_items$"), "/v1/responses/{id}/input_items"))
 _METHODS = frozenset({"GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"})
 
 
