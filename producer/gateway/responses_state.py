@@ -8,7 +8,8 @@ import asyncio
 import logging
 from typing import Optional
 
-from inferq.schemas import keys
+from inferq.schemas import keys, records
+from inferq.schemas.text import as_str
 from inferq.producer.gateway.auth import can_access
 from inferq.producer.gateway.config import Principal
 from inferq.producer.gateway.errors import APIError, bad_request
@@ -75,7 +76,17 @@ class ResponsesService:
 
     # -- saving finals of ended jobs, whoever created them ------------------------------
     async def save_finals_once(self) -> None:
-        for job_id in await self.store.unsaved():
+        """Save the final objects of ended jobs; a running job costs one HGET."""
+        ids = await self.store.unsaved()
+        if not ids:
+            return
+        async with self.ctx.backend.redis.pipeline(transaction=False) as pipe:
+            for job_id in ids:
+                pipe.hget(keys.job_info(job_id), records.STATUS)
+            statuses = await pipe.execute()
+        for job_id, status in zip(ids, statuses):
+            if status is not None and as_str(status) not in records.FINAL_STATUSES:
+                continue  # still running (its record gone too: body() says so)
             stored = await self.store.load(job_id)
             if stored is None:  # deleted or expired: nothing to save
                 await self.store.forget_unsaved(job_id)

@@ -77,7 +77,7 @@ class ResponseStore:
         await self.redis.zrem(keys.responses_unsaved(), job_id)
         return gone
 
-    async def unsaved(self, limit: int = 200) -> list[str]:
+    async def unsaved(self, limit: int = 1000) -> list[str]:
         """Responses whose final is not saved yet, oldest first; ids older than the
         records' expiry are dropped (their records are gone)."""
         await self.redis.zremrangebyscore(keys.responses_unsaved(), "-inf", time.time() - self.ttl_s)
