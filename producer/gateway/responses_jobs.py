@@ -90,7 +90,7 @@ async def prepare_response(ctx: Context, req: ResponseRequest, resolve: Resolver
         instructions=req.instructions, max_output_tokens=req.max_output_tokens,
         temperature=1.0 if req.temperature is None else req.temperature, top_p=1.0 if req.top_p is None else req.top_p,
         text_format=fmt.echo() if fmt is not None else {"type": "text"},
-        tools=[t.model_dump(exclude_none=True) for t in req.tools or []], tool_choice=_tool_choice(req.tool_choice),
+        tools=[t.echo() for t in req.tools or []], tool_choice=_tool_choice(req.tool_choice),
         parallel_tool_calls=req.parallel_tool_calls is not False, tool_parser=ctx.settings.tool_parser,
         metadata=req.metadata or {}, previous_response_id=req.previous_response_id, user=req.user,
         service_tier=req.service_tier, input_items=items, conversation=conversation)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from inferq.producer.gateway.errors import bad_request
 
@@ -53,6 +53,11 @@ class FunctionTool(BaseModel):
     parameters: Optional[dict[str, Any]] = None
     strict: Optional[bool] = None
 
+    def echo(self) -> dict:
+        """As OpenAI echoes a function tool in the response object."""
+        return {"type": "function", "name": self.name, "description": self.description,
+                "parameters": self.parameters, "strict": self.strict}
+
 
 class ResponseRequest(BaseModel):
     # Unknown fields are kept so refuse_unsupported can name the ones that matter.
@@ -73,12 +78,20 @@ class ResponseRequest(BaseModel):
     store: Optional[bool] = None
     background: Optional[bool] = None
     stream: Optional[bool] = None
-    metadata: Optional[dict[str, str]] = None
+    metadata: Optional[dict[str, str]] = None  # OpenAI's limits: 16 pairs, keys <= 64, values <= 512 characters
     user: Optional[str] = None
     service_tier: Optional[Literal["auto", "default", "flex", "priority"]] = None
     # inferq extensions (extra_body), as on chat completions.
     priority: int = Field(0, ge=-1000, le=1000)
     session_id: Optional[str] = Field(None, min_length=1, max_length=256)
+
+
+    @field_validator("metadata")
+    @classmethod
+    def _metadata_limits(cls, v: Optional[dict[str, str]]) -> Optional[dict[str, str]]:
+        if v is not None and (len(v) > 16 or any(len(k) > 64 or len(x) > 512 for k, x in v.items())):
+            raise ValueError("metadata takes at most 16 pairs, keys of at most 64 and values of at most 512 characters")
+        return v
 
 
 # name -> (values that change nothing, why it is refused otherwise)

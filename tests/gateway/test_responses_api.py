@@ -166,6 +166,7 @@ def test_delete_and_input_items(client):
     ({"truncation": "auto"}, "truncation"),
     ({"tool_choice": {"type": "web_search_preview"}}, "tool_choice"),
     ({"max_output_tokens": 10**6}, "max_output_tokens"),
+    ({"metadata": {f"k{i}": "v" for i in range(17)}}, "metadata"),
 ])
 def test_unsupported_fields_are_400s_naming_them(gateway_url, body, param):
     body = {"model": TINY, "input": "x", **body}
