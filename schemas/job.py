@@ -135,7 +135,9 @@ class Job(BaseModel):
 
     # Redis stream entries are flat string maps: the job travels as one JSON field.
     def to_fields(self) -> dict[str, str]:
-        return {JOB_FIELD: self.model_dump_json(exclude_none=True)}
+        # The default task is left out: a worker that predates tasks still reads the job.
+        exclude = {"task"} if self.task == "generate" else None
+        return {JOB_FIELD: self.model_dump_json(exclude_none=True, exclude=exclude)}
 
     @classmethod
     def from_fields(cls, fields: dict) -> "Job":

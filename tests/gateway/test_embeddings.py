@@ -182,6 +182,8 @@ def test_job_schema_of_the_tasks():
     again = Job.from_fields(job.to_fields())
     assert again.task == "embed" and again.embed.pooling == "mean" and again.embed.normalize is False
     assert seeded(job).sampling == job.sampling  # nothing is sampled: no seed is drawn
+    # A generation job is written as before tasks existed (a worker that predates them reads it).
+    assert '"task"' not in Job(model="m", prompt="x").to_fields()["job"]
     for bad, why in [
         (dict(prompt="x", task="embed", sampling={"temperature": 0}), "'sampling' applies to task 'generate'"),
         (dict(prompt="x", embed={"pooling": "mean"}), "need task 'embed'"),
