@@ -1,14 +1,22 @@
-"""Turn a llama.cpp GGUF file into a plain Hugging Face folder (config.json,
-fp32 model.safetensors, tokenizer files with the chat template).
+"""Read a llama.cpp GGUF file: its weights either as they are stored (native) or dequantized.
 
-Parsing and dequantising a GGUF takes ~15 s, so ``converted_folder`` does it once
-per file and caches the result under ``$INFERQ_CACHE_DIR`` (default
-``~/.cache/inferq``), keyed by file name, size and mtime. The cache is written to
-a temporary folder and renamed into place, so a crash or a concurrent converter
-never leaves a half-written folder behind.
+* native (``INFERQ_GGUF_WEIGHTS=native``, the default on CPU where the quantized kernels
+  build): ``metadata_folder`` caches config.json and the tokenizer files only, and
+  ``native_tensors`` reads each weight's blocks into one copy in memory (the file's mapping
+  is dropped after load); the model's linears run on them (gpuworker/models/quant_linear.py).
+  A type without a kernel (IQ quants, Q2_K, Q3_K, ...) fails at load, naming the tensor.
+* dequantize (``INFERQ_GGUF_WEIGHTS=dequantize``, and on GPUs): ``converted_folder`` turns
+  the file into a plain Hugging Face folder (config.json, fp32 model.safetensors, tokenizer
+  files with the chat template), loaded like any other; every type gguf can read works.
+
+Parsing and dequantising a GGUF takes ~15 s, so each folder is made once per file and cached
+under ``$INFERQ_CACHE_DIR`` (default ``~/.cache/inferq``), keyed by file name, size and mtime.
+It is written to a temporary folder and renamed into place, so a crash or a concurrent
+converter never leaves a half-written folder behind.
 """
 from __future__ import annotations
 
+import gc
 import hashlib
 import json
 import os
@@ -59,19 +67,48 @@ def cache_key(gguf_path: Path) -> str:
     return f"{gguf_path.stem}-{digest}"
 
 
+WEIGHTS_ENV = "INFERQ_GGUF_WEIGHTS"
+WEIGHT_MODES = ("native", "dequantize")
+DEFAULT_MODE = "dequantize"
+
+
+def weights_mode(device: str = "cpu", setting: str | None = None) -> str:
+    """How a GGUF's weights are loaded: ``setting`` or ``$INFERQ_GGUF_WEIGHTS`` ("native",
+    "dequantize" or "auto"); auto is native on a CPU where the quantized kernels build."""
+    mode = (setting or os.environ.get(WEIGHTS_ENV) or DEFAULT_MODE).strip().lower()
+    if mode not in (*WEIGHT_MODES, "auto"):
+        raise ValueError(f"{WEIGHTS_ENV}={mode!r}: expected one of native, dequantize, auto")
+    if mode != "auto":
+        return mode
+    if str(device).split(":")[0] != "cpu":
+        return "dequantize"
+    from inferq.gpuworker.models import quant_linear
+
+    return "native" if quant_linear.load() is not None else "dequantize"
+
+
 def converted_folder(gguf_path: str | Path) -> Path:
     """The HF folder holding this GGUF's weights, converting it on first use."""
+    return _cached_folder(gguf_path, "", convert_gguf)
+
+
+def metadata_folder(gguf_path: str | Path) -> Path:
+    """A folder with this GGUF's config.json and tokenizer files, no weights (native loading)."""
+    return _cached_folder(gguf_path, "-native", convert_metadata)
+
+
+def _cached_folder(gguf_path: str | Path, suffix: str, write) -> Path:
     gguf_path = Path(gguf_path).expanduser().resolve()
     if not gguf_path.is_file():
         raise FileNotFoundError(f"GGUF file not found: {gguf_path}")
     root = cache_root() / "gguf"
-    final = root / cache_key(gguf_path)
+    final = root / (cache_key(gguf_path) + suffix)
     if (final / "config.json").is_file():
         return final
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=root))
     try:
-        convert_gguf(gguf_path, tmp)
+        write(gguf_path, tmp)
         try:
             os.rename(tmp, final)
         except OSError:
@@ -165,30 +202,127 @@ def _llama3_scaling_from_factors(cfg: dict, factors: np.ndarray) -> dict:
     return scaling
 
 
+def _hf_name(tensor_name: str, arch: str, cfg: dict) -> tuple[str, int | None]:
+    """The HF name of a GGUF tensor and, for llama.cpp's permuted q/k rows, the head count
+    to undo the permutation with (else None)."""
+    base, _, kind = tensor_name.rpartition(".")
+    if base in _TOP_NAMES:
+        return f"{_TOP_NAMES[base]}.{kind}", None
+    parts = base.split(".")
+    if len(parts) != 3 or parts[0] != "blk" or parts[2] not in _LAYER_NAMES:
+        raise ValueError(f"unexpected GGUF tensor {tensor_name!r}")
+    heads = None
+    if arch in _PERMUTED_ARCHS and parts[2] in ("attn_q", "attn_k"):
+        heads = cfg["num_attention_heads" if parts[2] == "attn_q" else "num_key_value_heads"]
+    return f"model.layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}.{kind}", heads
+
+
+def _rope_freqs(reader, cfg: dict) -> None:
+    """Llama 3.1+ rope scaling baked into a ``rope_freqs`` tensor, into cfg."""
+    from gguf.quants import dequantize
+
+    for t in reader.tensors:
+        if t.name.rpartition(".")[0] == "rope_freqs":
+            cfg["rope_scaling"] = _llama3_scaling_from_factors(
+                cfg, np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32))
+
+
 def gguf_tensors(reader, cfg: dict) -> dict[str, torch.Tensor]:
     from gguf.quants import dequantize
 
     arch = _field(reader, "general.architecture")
+    _rope_freqs(reader, cfg)
     out: dict[str, torch.Tensor] = {}
     for t in reader.tensors:
-        base, _, kind = t.name.rpartition(".")
-        w = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32)
-        if base == "rope_freqs":
-            cfg["rope_scaling"] = _llama3_scaling_from_factors(cfg, w)
+        if t.name.rpartition(".")[0] == "rope_freqs":
             continue
-        if base in _TOP_NAMES:
-            name = f"{_TOP_NAMES[base]}.{kind}"
-        else:
-            parts = base.split(".")
-            if len(parts) != 3 or parts[0] != "blk" or parts[2] not in _LAYER_NAMES:
-                raise ValueError(f"unexpected GGUF tensor {t.name!r}")
-            name = f"model.layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}.{kind}"
-            if arch in _PERMUTED_ARCHS and parts[2] == "attn_q":
-                w = reverse_rotary_permutation(w, cfg["num_attention_heads"])
-            elif arch in _PERMUTED_ARCHS and parts[2] == "attn_k":
-                w = reverse_rotary_permutation(w, cfg["num_key_value_heads"])
+        name, heads = _hf_name(t.name, arch, cfg)
+        w = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32)
+        if heads:
+            w = reverse_rotary_permutation(w, heads)
         out[name] = torch.from_numpy(np.array(w, dtype=np.float32, order="C", copy=True))
     return out
+
+
+_FLOAT_TYPES = ("F32", "F16", "BF16")
+TENSOR_TABLE = "gguf_tensors.json"  # in the metadata folder: tensor_table's list
+
+
+def tensor_table(reader) -> list[dict]:
+    """Each tensor's name, ggml type, shape (GGUF order: row length first), byte offset in
+    the file and size: what native loading needs, cached beside config.json (parsing the
+    metadata of a GGUF with its vocabulary takes seconds)."""
+    return [{"name": t.name, "type": int(t.tensor_type), "type_name": t.tensor_type.name,
+             "shape": [int(d) for d in t.shape], "offset": int(t.data_offset), "nbytes": int(t.n_bytes)}
+            for t in reader.tensors]
+
+
+def check_native_types(table: list[dict]) -> None:
+    """Raise ValueError naming the first tensor whose type has no native CPU kernel."""
+    from inferq.kernels.cpu.quant_reference import SUPPORTED
+
+    for t in table:
+        if t["type_name"] not in SUPPORTED and t["type_name"] not in _FLOAT_TYPES:
+            raise ValueError(
+                f"GGUF tensor {t['name']!r} is {t['type_name']}, which has no native CPU kernel (native kernels: "
+                f"{', '.join(SUPPORTED)}); load this file with {WEIGHTS_ENV}=dequantize")
+
+
+def native_tensors(gguf_path: Path, cfg: dict, table: list[dict]) -> dict[str, "torch.Tensor | tuple[torch.Tensor, int, int]"]:
+    """Every tensor of ``table`` (``tensor_table``) under its HF name, as stored: a quantized
+    weight as ``(packed uint8 [rows, row_bytes], ggml type id, k)``, one copy of the file's
+    blocks (q/k rows put back in HF's order); a float tensor (norms, F16/F32 weights) as
+    float32. The file's mapping is gone on return, so only these copies stay resident."""
+    out = _read_native(gguf_path, cfg, table)
+    gc.collect()  # the file's memmap is unmapped now, not at some later collection
+    return out
+
+
+def _read_native(gguf_path: Path, cfg: dict, table: list[dict]) -> dict:
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    check_native_types(table)
+    arch = cfg.get("gguf_architecture") or {v[1]: k for k, v in GGUF_ARCHITECTURES.items()}[cfg["model_type"]]
+    data = np.memmap(gguf_path, dtype=np.uint8, mode="r")
+    out: dict = {}
+    for t in table:
+        if t["name"].rpartition(".")[0] == "rope_freqs":
+            continue
+        name, heads = _hf_name(t["name"], arch, cfg)
+        raw = data[t["offset"]:t["offset"] + t["nbytes"]]
+        qtype = GGMLQuantizationType(t["type"])
+        k, rows = t["shape"][0], int(np.prod(t["shape"][1:], dtype=np.int64))
+        if t["type_name"] in _FLOAT_TYPES:
+            w = np.asarray(dequantize(raw.reshape(rows, -1), qtype), dtype=np.float32).reshape(rows, k)
+            if len(t["shape"]) == 1:
+                w = w.reshape(k)
+            out[name] = torch.from_numpy(np.array(reverse_rotary_permutation(w, heads) if heads else w, copy=True))
+            continue
+        packed = raw.reshape(rows, -1)
+        if heads:
+            packed = reverse_rotary_permutation(packed, heads)
+        out[name] = (torch.from_numpy(np.array(packed, dtype=np.uint8, order="C", copy=True)), t["type"], k)
+    del data
+    return out
+
+
+def convert_metadata(gguf_path: Path, out_dir: Path) -> None:
+    """config.json and the tokenizer files of a GGUF, no weights."""
+    from transformers import AutoTokenizer
+
+    from gguf import GGUFReader
+
+    reader = GGUFReader(str(gguf_path))
+    cfg = gguf_config(reader)
+    _rope_freqs(reader, cfg)
+    cfg["gguf_architecture"] = _field(reader, "general.architecture")
+    (out_dir / TENSOR_TABLE).write_text(json.dumps(tensor_table(reader)))
+    del reader
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+    tokenizer.save_pretrained(str(out_dir))
+    cfg["source_gguf"] = gguf_path.name
+    (out_dir / "config.json").write_text(json.dumps(cfg, indent=2))
 
 
 def convert_gguf(gguf_path: Path, out_dir: Path) -> None:

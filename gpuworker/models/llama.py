@@ -11,6 +11,7 @@ tensor names onto the fused parameters.
 from __future__ import annotations
 
 import math
+import os
 import re
 from collections.abc import Iterable
 
@@ -20,6 +21,7 @@ from torch import nn
 
 from inferq.gpuworker.attention.base import AttentionBackend, AttentionMetadata, KVCache
 from inferq.gpuworker.models import cpu_linear
+from inferq.gpuworker.models.cpu_decode_replay import DecodeReplay
 from inferq.gpuworker.models.cpu_linear import PackedGateUp, PackedWeight
 from inferq.gpuworker.models.config import ModelConfig
 
@@ -36,7 +38,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | No
     size), else oneDNN's blocked layout."""
     if packed is None:
         return F.linear(x, weight, bias)
-    if isinstance(packed, PackedWeight):
+    if not isinstance(packed, torch.Tensor):  # a PackedWeight, or a quant_linear.QuantLinear (GGUF blocks)
         return packed(x, bias)
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
@@ -255,9 +257,14 @@ class LlamaForCausalLM(nn.Module):
         # tied to the embedding, its PackedWeight also serves the embedding's rows.
         self.packed_lm_head: PackedWeight | torch.Tensor | None = None
         self.packing: str | None = None  # what prepack_cpu_weights did, once done
+        # A GGUF's embedding as stored (quant_linear.QuantLinear, rows dequantized per lookup), else None.
+        self.packed_embed = None
         # The vocabulary size where the packed LM head has zero rows past it (a vocabulary that is
         # not a multiple of the kernels' 32 columns), else None: lm_logits cuts them off.
         self.logits_cols: int | None = None
+        # Decode-only steps of a few rows replayed as recorded C kernel calls (cpu_decode_replay.py;
+        # set by use_cpu_kernels where every op has a kernel), else None.
+        self.decode_replay: DecodeReplay | None = None
 
     @torch.inference_mode()
     def forward(
@@ -277,6 +284,14 @@ class LlamaForCausalLM(nn.Module):
         and gives the kept rows the same values as the full forward."""
         if len(kv_caches) != len(self.layers):
             raise ValueError(f"expected {len(self.layers)} kv caches, got {len(kv_caches)}")
+        replay = self.decode_replay
+        if replay is not None and keep_rows is None and replay.applies(input_ids, kv_caches, meta):
+            return replay.run(input_ids, positions, kv_caches, meta,
+                              lambda: self.layers_forward(input_ids, positions, kv_caches, meta))
+        return self.layers_forward(input_ids, positions, kv_caches, meta, keep_rows)
+
+    def layers_forward(self, input_ids, positions, kv_caches, meta, keep_rows=None) -> torch.Tensor:
+        """``forward`` layer by layer, op by op."""
         hidden = self.embed(input_ids)
         residual = None
         rotary = self.rotary(positions)
@@ -287,6 +302,8 @@ class LlamaForCausalLM(nn.Module):
         return add_rms_norm(residual, hidden, self.norm, self.config.rms_norm_eps, first.cpu_kernels, first.rms_norm)[0]
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if self.packed_embed is not None:
+            return self.packed_embed.rows(input_ids)
         if self.embed_tokens is None:  # tied and packed: the LM head's panels hold the only copy
             return self.packed_lm_head.rows(input_ids)
         return F.embedding(input_ids, self.embed_tokens)
@@ -316,6 +333,8 @@ class LlamaForCausalLM(nn.Module):
             return False
         for layer in self.layers:
             layer.cpu_kernels = kernels
+        if DecodeReplay.supported(self) and os.environ.get("INFERQ_CPU_DECODE_REPLAY", "1") != "0":
+            self.decode_replay = DecodeReplay(self)
         return True
 
     # ------------------------------------------------------------------ CPU weight prepacking

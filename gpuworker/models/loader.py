@@ -13,7 +13,7 @@ import torch
 
 from inferq.gpuworker.attention.base import AttentionBackend, get_backend
 from inferq.gpuworker.models.config import ModelConfig
-from inferq.gpuworker.models.gguf_loader import converted_folder
+from inferq.gpuworker.models.gguf_loader import TENSOR_TABLE, WEIGHTS_ENV, converted_folder, metadata_folder, native_tensors, weights_mode
 from inferq.gpuworker.models.llama import LlamaForCausalLM
 from inferq.schemas.keys import DEFAULT_MODEL
 
@@ -46,9 +46,29 @@ def bundled_model_path() -> Path:
 
 def resolve_model_folder(model: str | Path | None) -> tuple[Path, Path, str]:
     """Return (HF folder to read, the path the user named, served name)."""
+    gguf = gguf_source(model)
+    if gguf is not None:
+        return converted_folder(gguf[0]), gguf[1], gguf[2]
+    return _resolve(model)
+
+
+def gguf_source(model: str | Path | None) -> tuple[Path, Path, str] | None:
+    """(the GGUF file, the path the user named, served name) where ``model`` is one (None:
+    the bundled one), else None."""
     if model is None:
         gguf = bundled_model_path()
-        return converted_folder(gguf), gguf, DEFAULT_MODEL
+        return gguf, gguf, DEFAULT_MODEL
+    path = Path(model).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        return path, path, DEFAULT_MODEL if path.name == BUNDLED_FILE else path.stem
+    if path.is_dir() and not (path / "config.json").is_file():
+        ggufs = sorted(path.glob("*.gguf"))
+        if len(ggufs) == 1:
+            return ggufs[0], path, DEFAULT_MODEL if ggufs[0].name == BUNDLED_FILE else ggufs[0].stem
+    return None
+
+
+def _resolve(model: str | Path | None) -> tuple[Path, Path, str]:
     path = Path(model).expanduser()
     if not path.exists():
         raise FileNotFoundError(
@@ -138,7 +158,14 @@ def load_model(
     dtype: torch.dtype | None = None,
     device: str | torch.device = "cpu",
     backend: AttentionBackend | str | None = None,
+    gguf_weights: str | None = None,
 ) -> LoadedModel:
+    """``gguf_weights``: how a GGUF's weights load, "native" (as stored, on the quantized CPU
+    kernels), "dequantize" or "auto" (native on CPU where the kernels build); default
+    ``$INFERQ_GGUF_WEIGHTS`` or auto (gguf_loader.weights_mode)."""
+    gguf = gguf_source(model)
+    if gguf is not None and weights_mode(str(torch.device(device)), gguf_weights) == "native":
+        return _load_native_gguf(*gguf, dtype=dtype, device=torch.device(device), backend=backend)
     folder, path, name = resolve_model_folder(model)
     config_path = folder / "config.json"
     try:
@@ -156,5 +183,31 @@ def load_model(
         backend = get_backend(backend or "torch")
     net = LlamaForCausalLM(cfg, backend, dtype=dtype, device=device)
     net.load_weights(iter_safetensors(files))
+    net.eval()
+    return LoadedModel(model=net, tokenizer=tokenizer, config=cfg, path=path, name=name)
+
+
+def _load_native_gguf(gguf: Path, path: Path, name: str, dtype: torch.dtype | None, device: torch.device,
+                      backend: AttentionBackend | str | None) -> LoadedModel:
+    """A GGUF with its quantized weights kept as stored (gpuworker/models/quant_linear.py)."""
+    from inferq.gpuworker.models import quant_linear
+
+    lib = quant_linear.load()
+    if device.type != "cpu" or lib is None:
+        raise ValueError(f"native GGUF weights run on the quantized CPU kernels (a C compiler, AVX2 + F16C); "
+                         f"not available on {device}: load with {WEIGHTS_ENV}=dequantize")
+    folder = metadata_folder(gguf)
+    raw = json.loads((folder / "config.json").read_text())
+    cfg = ModelConfig.from_hf(raw)
+    tokenizer = load_tokenizer(folder)
+    cfg.eos_token_ids = discover_eos_token_ids(folder, cfg.eos_token_ids, tokenizer)
+    dtype = dtype or default_dtype(device)
+    if dtype not in (torch.float32, torch.bfloat16):
+        raise ValueError(f"native GGUF weights run with float32 or bfloat16 activations, not {dtype}")
+    if backend is None or isinstance(backend, str):
+        backend = get_backend(backend or "torch")
+    net = LlamaForCausalLM(cfg, backend, dtype=dtype, device=device)
+    table = json.loads((folder / TENSOR_TABLE).read_text())
+    quant_linear.install(net, native_tensors(gguf, raw, table), lib)
     net.eval()
     return LoadedModel(model=net, tokenizer=tokenizer, config=cfg, path=path, name=name)

@@ -15,6 +15,7 @@ they apply (multiples of 32), else ``F.linear``.
 from __future__ import annotations
 
 import ctypes
+import os
 import threading
 
 import torch
@@ -31,10 +32,19 @@ _FLAGS_VNNI = ["-O3", "-march=native", "-mavx512f", "-mavx512bw", "-mavx512vl", 
                "-std=gnu11", "-ffp-contract=off"]
 _FLAGS_AVX2 = ["-O3", "-mavx2", "-mfma", "-mf16c", "-std=gnu11", "-ffp-contract=off"]
 
-# x as the kernels take it: "float" (float32, exact to float32 sums) or "int8" (blocks of 32
-# quantized, llama.cpp's way: integer dot products, ~0.5% error per matmul)
-ACTIVATIONS = ("float", "int8")
-DEFAULT_ACTIVATIONS = "float"
+# x as the kernels take it ($INFERQ_GGUF_ACTIVATIONS): "int8" (blocks of 32 quantized, llama.cpp's
+# way: integer dot products, about 0.5% error per matmul; the default: 2.5x the float kernel's
+# speed at one row on a Zen 5, docs/kernels.md) or "float" (float32 x, exact to float32 sums:
+# the dequantized model's tokens, at the row kernel's speed)
+ACTIVATIONS_ENV = "INFERQ_GGUF_ACTIVATIONS"
+ACTIVATIONS = ("int8", "float")
+
+
+def activations_setting(value: str | None = None) -> str:
+    mode = (value or os.environ.get(ACTIVATIONS_ENV) or ACTIVATIONS[0]).strip().lower()
+    if mode not in ACTIVATIONS:
+        raise ValueError(f"{ACTIVATIONS_ENV}={mode!r}: expected one of {', '.join(ACTIVATIONS)}")
+    return mode
 
 _lock = threading.Lock()
 _loaded: "ctypes.CDLL | None | bool" = False  # False = not tried yet
@@ -195,9 +205,7 @@ class QuantLinear:
         if not segments or len({s.k for s in segments}) != 1:
             raise ValueError("a quantized linear needs segments of one width")
         self.lib, self.segments, self.dtype = lib, segments, dtype
-        self.activations = activations or DEFAULT_ACTIVATIONS
-        if self.activations not in ACTIVATIONS:
-            raise ValueError(f"activations {self.activations!r}: expected one of {', '.join(ACTIVATIONS)}")
+        self.activations = activations_setting(activations)
         if self.activations == "int8":
             for seg in segments:
                 if isinstance(seg, QuantWeight):
@@ -254,12 +262,13 @@ _PROJECTIONS = (("qkv", "qkv_proj", "qkv_bias", ("self_attn.q_proj", "self_attn.
 _NORMS = ("input_layernorm", "post_attention_layernorm", "self_attn.q_norm", "self_attn.k_norm")
 
 
-def install(model, tensors: dict, lib: ctypes.CDLL) -> str:
+def install(model, tensors: dict, lib: ctypes.CDLL, activations: str | None = None) -> str:
     """Put a GGUF's weights as stored (gguf_loader.native_tensors) into a freshly built
     LlamaForCausalLM: each projection a QuantLinear in ``layer.packed`` (its parameter None, its
     bytes registered as buffers), the embedding rows read from the packed table (tied: the same
     table is the LM head), norms and biases as plain parameters. Returns the packing name the
-    engine logs ("gguf-native"); every tensor must be used exactly once."""
+    engine logs ("gguf-native"); every tensor must be used exactly once. ``activations``:
+    "int8" or "float" (default: ``$INFERQ_GGUF_ACTIVATIONS``, else int8)."""
     dtype = model.dtype
     tensors = dict(tensors)
 
@@ -279,7 +288,7 @@ def install(model, tensors: dict, lib: ctypes.CDLL) -> str:
         param.data = value.to(dtype).contiguous().clone()
 
     def quant_linear(module, attr: str, names: list[str]) -> QuantLinear:
-        lin = QuantLinear(lib, [segment(n) for n in names], dtype)
+        lin = QuantLinear(lib, [segment(n) for n in names], dtype, activations)
         want = getattr(module, attr).shape
         if (lin.n, lin.k) != tuple(want):
             raise ValueError(f"GGUF tensors {names} make a ({lin.n}, {lin.k}) weight; the model needs {tuple(want)}")
