@@ -12,8 +12,10 @@ import urllib.request
 
 import openai
 import pytest
+import redis
 from openai import OpenAI
 
+from inferq.schemas import keys
 from inferq.producer.gateway.webhooks.endpoints import new_secret
 from tests.gateway.stack import TINY, running_gateway, shared_stack
 from tests.gateway.test_webhooks import Receiver, wait_for
@@ -114,5 +116,37 @@ def test_a_completed_batch_is_announced_to_an_operator_configured_endpoint(stack
                            "batch.completed at the receiver")
             assert {x["type"] for x in got} == {"batch.completed"}
             assert c.batches.retrieve(batch.id).status == "completed"
+    finally:
+        receiver.stop()
+
+
+def test_failed_and_cancelled_jobs_announce_job_failed_and_job_cancelled(stack, tmp_path):
+    from inferq.producer import Producer
+
+    tenant = f"ends-{time.time_ns()}"
+    receiver = Receiver(tmp_path).start()
+    try:
+        with running_gateway(stack.url, files_dir=str(tmp_path), api_keys=f"k-e:{tenant}",
+                             webhook_allow_http=True) as url:
+            ep = client(url, "k-e").webhooks.create(url=receiver.url, name="ends",
+                                                    event_types=["job.failed", "job.cancelled"])
+            receiver.secret_file.write_text(ep.signing_secret)
+            producer = Producer(stack.url, default_model=TINY)
+            # Longer than the model's 4096 positions: the worker refuses it (error + dead letter).
+            failed = producer.submit(prompt_token_ids=[5] * 5000, tenant=tenant, sampling={"max_tokens": 1})
+            # Cancelled at once: long before 2,000 tokens could be generated.
+            cancelled = producer.submit("count to a million", tenant=tenant,
+                                        sampling={"max_tokens": 2000, "ignore_eos": True})
+            cancelled.cancel()
+            done = producer.submit("hi", tenant=tenant, sampling={"max_tokens": 1})  # not subscribed
+            wait_for(lambda: len(receiver.received()) >= 2, 120, "both events")
+            assert done.result(timeout=60).finish_reason in ("stop", "length")
+            r = redis.Redis.from_url(stack.url)
+            wait_for(lambda: all(r.xlen(keys.completion_events(t)) == 0 for t in keys.all_tags()), 60,
+                     "every record routed")
+            r.close()
+            producer.close()
+            assert sorted((x["type"], x["data_id"]) for x in receiver.received()) == [
+                ("job.cancelled", cancelled.id), ("job.failed", failed.id)]
     finally:
         receiver.stop()

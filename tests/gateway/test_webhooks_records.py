@@ -172,3 +172,31 @@ def test_the_outbox_writes_a_delivery_once_and_never_revives_a_settled_one(redis
             await ar.aclose()
 
     asyncio.run(go())
+
+
+def test_a_record_read_by_a_dispatcher_that_died_is_claimed_and_routed_by_another(redis_url):
+    from inferq.producer.gateway.webhooks.dispatcher import DispatchPolicy, Dispatcher
+    from inferq.producer.gateway.webhooks.endpoints import Endpoint, EndpointStore
+
+    async def go():
+        ar = aredis.Redis.from_url(redis_url)
+        try:
+            tag = keys.all_tags()[0]
+            stream = keys.completion_events(tag)
+            await ar.xgroup_create(stream, EVENTS_GROUP, id="0", mkstream=True)
+            await ar.xadd(stream, job_record("j9", "t9", "done", "stop", None))
+            # A gateway reads the record and dies before routing it: it stays pending under its name.
+            assert await ar.xreadgroup(EVENTS_GROUP, "dead-gateway", {stream: ">"})
+            ep = Endpoint(id="we_t9", tenant="t9", url="http://127.0.0.1:9/", secret=new_secret(), events=())
+            d = Dispatcher(ar, EndpointStore(ar, [ep]), Outbox(ar), DispatchPolicy(claim_idle_s=0.05))
+            await asyncio.sleep(0.1)
+            await d._reclaim()
+            assert await ar.xlen(stream) == 0
+            assert (await ar.xpending(stream, EVENTS_GROUP))["pending"] == 0
+            [did] = [x.decode() for x in await ar.zrange(keys.webhook_outbox(tag), 0, -1)]
+            body = json.loads((await Outbox(ar).load(tag, did)).body)
+            assert body["type"] == "job.completed" and body["data"] == {"id": "j9"}
+        finally:
+            await ar.aclose()
+
+    asyncio.run(go())
