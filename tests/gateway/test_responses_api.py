@@ -6,6 +6,7 @@ trip, store: false, input items, delete, and 400s for what is not supported."""
 from __future__ import annotations
 
 import json
+import time
 from typing import Literal
 
 import httpx
@@ -64,6 +65,28 @@ def test_streamed_events_assemble_to_the_stored_response(client):
         helper = list(s)
     assert next(e for e in helper if e.type == "response.output_text.done").text == deltas
     assert helper[-1].type == "response.incomplete" and helper[-1].response.output_text == deltas
+
+
+def test_a_foreground_stream_dropped_by_its_client_cancels_the_job(client, stack):
+    import redis
+
+    from inferq.schemas import keys
+
+    stream = create(client, input="Go on", max_output_tokens=4000, temperature=0.8, stream=True)
+    for ev in stream:
+        if ev.type == "response.output_text.delta":
+            break
+    stream.close()
+    job = ev.item_id.split("_")[1]
+    r = redis.Redis.from_url(stack.url)
+    try:
+        end = time.monotonic() + 60
+        while r.hget(keys.job_info(job), "status") != b"cancelled":
+            assert time.monotonic() < end, r.hgetall(keys.job_info(job))
+            time.sleep(0.1)
+    finally:
+        r.close()
+    assert client.responses.retrieve(f"resp_{job}").status == "cancelled"
 
 
 def test_previous_response_id_chains_the_conversation(client):
