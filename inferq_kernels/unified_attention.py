@@ -55,6 +55,9 @@ METADATA_POINTERS = ("query_start_loc_ptr", "seq_lens_ptr", "block_tables_ptr")
 
 # Up to this many query rows per sequence a step uses 16-row tiles (decodes), above it 64.
 DECODE_TILE_MAX_QUERY_LEN = 4
+# Batch-invariant mode: the most split-K scratch one launch may use; a step needing more runs
+# in pieces of rows.
+MAX_PARTIAL_BYTES = 256 * 1024**2
 
 
 @triton.jit
@@ -311,33 +314,49 @@ def unified_attention_launches(
         kv_split_tokens,
     )
 
+    in_order = kv_split_tokens is not None
+    rows = num_tokens
+    if num_kv_splits > 1 and in_order:
+        # Batch-invariant steps split prompt chunks too, so the partials of a long step at a long
+        # context would be large (2,048 rows x 32 heads x 16 segments x 128 x 4 B = 512 MiB): the
+        # step runs in pieces of rows that share one buffer (a row's bits do not depend on its piece).
+        rows = max(1, min(num_tokens, MAX_PARTIAL_BYTES // (num_heads * num_kv_splits * const["DIM_PAD"] * 4)))
     if num_kv_splits > 1:
-        part_out = torch.empty(
-            (num_tokens, num_heads, num_kv_splits, const["DIM_PAD"]), dtype=torch.float32, device=q.device
-        )
-        part_lse = torch.empty((num_tokens, num_heads, num_kv_splits), dtype=torch.float32, device=q.device)
+        part_out = torch.empty((rows, num_heads, num_kv_splits, const["DIM_PAD"]), dtype=torch.float32, device=q.device)
+        part_lse = torch.empty((rows, num_heads, num_kv_splits), dtype=torch.float32, device=q.device)
     else:  # never read or written
         part_out = part_lse = out
 
-    grid = (num_tokens // const["BLOCK_Q"] + num_seqs, num_kv_heads, num_kv_splits)
-    attention = KernelLaunch(
-        _unified_attention_kernel,
-        grid,
-        (
-            q, key_cache, value_cache, out,
-            part_out, part_lse,
-            query_start_loc, seq_lens, block_tables,
-            num_seqs, num_heads,
-            softmax_scale * math.log2(math.e),
-            *q.stride(), *out.stride(), *key_cache.stride(),
-            block_tables.stride(0),
-        ),
-        {**const, **LAUNCH_OPTIONS},
-    )
-    if num_kv_splits == 1:
-        return [attention]
-    in_order = kv_split_tokens is not None
-    return [attention, merge_kv_splits_launch(part_out, part_lse, out, query_start_loc, num_seqs, in_order)]
+    launches = []
+    for lo in range(0, num_tokens, rows):
+        hi = min(lo + rows, num_tokens)
+        piece_qsl, piece_seq_lens = query_start_loc, seq_lens
+        if rows < num_tokens:
+            # The piece's rows of sequence i are the last tokens of a sequence that ends at its last
+            # row in the piece; sequences with no row in it get length-0 queries (their programs exit).
+            # Device ops on host constants: no sync, graph-capturable.
+            ends = query_start_loc[1:]
+            piece_qsl = (query_start_loc.clamp(lo, hi) - lo).to(query_start_loc.dtype)
+            piece_seq_lens = (seq_lens - (ends - ends.clamp(max=hi))).to(seq_lens.dtype)
+        piece_q, piece_out = q[lo:hi], out[lo:hi]
+        launches.append(KernelLaunch(
+            _unified_attention_kernel,
+            ((hi - lo) // const["BLOCK_Q"] + num_seqs, num_kv_heads, num_kv_splits),
+            (
+                piece_q, key_cache, value_cache, piece_out,
+                part_out, part_lse,
+                piece_qsl, piece_seq_lens, block_tables,
+                num_seqs, num_heads,
+                softmax_scale * math.log2(math.e),
+                *piece_q.stride(), *piece_out.stride(), *key_cache.stride(),
+                block_tables.stride(0),
+            ),
+            {**const, **LAUNCH_OPTIONS},
+        ))
+        if num_kv_splits > 1:
+            launches.append(merge_kv_splits_launch(
+                part_out[: hi - lo], part_lse[: hi - lo], piece_out, piece_qsl, num_seqs, in_order))
+    return launches
 
 
 def unified_attention(

@@ -104,3 +104,18 @@ def test_too_few_segments_for_the_longest_sequence_is_a_clear_error():
     target = sequence(TARGET_LEN, 1, torch.float32)
     with pytest.raises(ValueError, match="needs at least 2"):
         run_step([(target, TARGET_LEN - 1, 1)], torch.float32, SPLIT, num_kv_splits=1)
+
+
+def test_a_step_cut_into_pieces_of_rows_gives_the_same_bits(monkeypatch):
+    """A step whose split-K scratch would pass MAX_PARTIAL_BYTES runs in pieces of rows, cut
+    inside sequences' chunks; every row keeps its bits."""
+    from inferq.kernels import unified_attention as module
+
+    dtype = torch.float32
+    target = sequence(TARGET_LEN, 1, dtype)
+    others = [sequence(n, 2 + i, dtype) for i, n in enumerate((70, 30, 90))]
+    step = [(others[0], 40, 30), (target, 37, 33), (others[1], 29, 1), (others[2], 80, 10)]
+    whole = run_step(step, dtype, SPLIT)
+    monkeypatch.setattr(module, "MAX_PARTIAL_BYTES", 7 * HQ * 2 * 16 * 4)  # 7 rows of 2 segments
+    pieces = run_step(step, dtype, SPLIT)
+    assert all(torch.equal(a, b) for a, b in zip(whole, pieces))
