@@ -30,6 +30,9 @@ docs/gpu-check.md is the manual. Stages, in order (each is one entry of gpu_chec
                  from the bytes a decode step moves (weights + KV).
  engine          inferq.bench.offline on a SmolLM2-135M-shaped bf16 model (random weights) against
                  HF generate; needs the carried wheels.
+ invariance      the cost of batch-invariant mode (EngineConfig.batch_invariant, default on): the
+                 same offline workload with it on and off, output tokens/s of each and the ratio,
+                 and whether requests run alone give the tokens they got in the batch (on: must).
  pytest          the kernel tests compiled on the GPU (TRITON_INTERPRET=0), junit XML under --out.
  output          gpu_check.json (rewritten after every row), gpu_check.log, the children's logs.
 
@@ -123,11 +126,11 @@ DEVICE_TIME_S = 900
 START_ALLOWANCE_S = 90  # a machine's start plus the transfers, per call
 SETUP_ALLOWANCE_S = 20  # gpu_check.sh's wheel install and the interpreter start, before the budget clock
 GRACE_S = 15  # the watchdog ends the run this long after the budget
-DEFAULT_BUDGET_S = 300
+DEFAULT_BUDGET_S = 320
 PRE_SECTION_ESTIMATE_S = 30  # compiler .. pytest-collect on the GPU machine (torch import, editable install)
 RESERVE_S = 10  # writing the table and the JSON at the end
-SECTION_WEIGHTS = {"kernels": 0.8, "decode": 0.5, "engine": 1.7, "pytest": 1.5}
-SECTION_MIN_S = {"kernels": 15, "decode": 10, "engine": 75, "pytest": 45}
+SECTION_WEIGHTS = {"kernels": 0.8, "decode": 0.5, "engine": 1.7, "invariance": 1.4, "pytest": 1.5}
+SECTION_MIN_S = {"kernels": 15, "decode": 10, "engine": 75, "invariance": 60, "pytest": 45}
 GPU_SECTIONS = tuple(SECTION_WEIGHTS)
 STAGES = ("compiler", "device", "import-root", "carried", "budget", "imports", "pytest-collect",
           *GPU_SECTIONS, "output")
@@ -298,6 +301,8 @@ SECTION_IMPORTS = {
                "inferq.gpuworker.attention.torch_backend", "inferq.gpuworker.attention.triton_backend"),
     "engine": ("transformers", "safetensors", "inferq.bench.offline", "inferq.gpuworker.llm",
                "inferq.gpuworker.models.loader", "inferq.gpuworker.engine.llm_engine"),
+    "invariance": ("inferq.kernels.batch_invariant_matmul", "inferq.kernels.batch_invariant_rowwise",
+                   "inferq.gpuworker.models.batch_invariant"),
     "pytest": ("pytest", "tests.kernels.conftest"),
 }
 
@@ -309,7 +314,10 @@ def gpu_test_args(ignore: list[str] = ()) -> list[str]:
             "--ignore-glob=tests/kernels/test_cpu_*.py",
             "--ignore=tests/kernels/test_compile_for_hopper.py",
             # this script's own dry run
-            "--ignore=tests/kernels/test_gpu_check_dry_run.py"]
+            "--ignore=tests/kernels/test_gpu_check_dry_run.py",
+            # batch-invariant mode's bit-for-bit checks, compiled: what the interpreter cannot prove
+            "tests/gpu_path/test_batch_invariant_triton_attention.py",
+            "tests/gpu_path/test_batch_invariant_triton_rowwise.py"]
     return args + [f"--ignore={path}" for path in ignore]
 
 
@@ -1159,7 +1167,7 @@ def find_tokenizer(arg: str | None) -> Path | None:
         return None
 
 
-def smollm2_shaped_model(folder: Path, tokenizer: Path, small: bool) -> Path:
+def smollm2_shaped_model(folder: Path, tokenizer: Path, small: bool, vocab_size: int | None = None) -> Path:
     """SmolLM2-135M's architecture with random bf16 weights: same FLOPs and bytes per token.
 
     The real weights (a 98 MB GGUF) exceed what can be carried to the GPU
@@ -1172,6 +1180,8 @@ def smollm2_shaped_model(folder: Path, tokenizer: Path, small: bool) -> Path:
     if small:  # --cpu-smoke
         cfg.update(hidden_size=48, intermediate_size=128, num_hidden_layers=2, num_attention_heads=3,
                    num_key_value_heads=1, head_dim=16)
+    if vocab_size:  # a smaller LM head (the interpreted smoke run of the invariance section)
+        cfg.update(vocab_size=vocab_size)
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**cfg))
     with torch.no_grad():
@@ -1221,6 +1231,91 @@ def run_engine_benchmark(deadline: float, tokenizer_arg: str | None) -> tuple[st
         for line in printed.strip().splitlines()[-10:]:
             row("engine", "bench_offline", "", line.strip())
     return "PASS", f"{timeout:.0f} s allowed"
+
+
+# ----------------------------------------------------------------------------- section: invariance
+INVARIANCE_CHECKED = 3  # requests also run alone, per mode
+
+
+def invariance_run(model_dir: Path, batch_invariant: bool, workload, deadline: float) -> dict:
+    """One engine in one mode: a warm-up, the workload timed in one generate call, then the first
+    INVARIANCE_CHECKED requests alone (greedy, so their tokens must match where the mode holds)."""
+    import gc
+
+    import torch
+
+    from inferq.gpuworker import LLM
+    from inferq.schemas import SamplingParams
+
+    kw = dict(max_num_seqs=64, max_num_batched_tokens=2048, max_model_len=1024, enable_prefix_caching=False)
+    if DEVICE.type == "cuda":
+        kw.update(gpu_memory_utilization=0.5)
+    else:  # --cpu-smoke: the GPU path's own ops, interpreted
+        kw.update(attention_backend="triton", prepack_weights=False, cpu_kernels=False, num_kv_blocks=64)
+    start = time.perf_counter()
+    llm = LLM(model=str(model_dir), device=str(DEVICE), dtype="float32" if CPU_SMOKE else "bfloat16",
+              batch_invariant=batch_invariant, **kw)
+    try:
+        params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in workload.output_lens]
+        llm.generate(workload.prompts[:1], params[:1])  # compiles, graphs' first replays
+        ready_s = time.perf_counter() - start
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"engine start and warm-up took {ready_s:.0f} s")
+        if DEVICE.type == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        batch = llm.generate(workload.prompts, params)
+        seconds = time.perf_counter() - t0
+        alone = [llm.generate([p], [q])[0] for p, q in zip(workload.prompts[:INVARIANCE_CHECKED], params)]
+        same = sum(a.token_ids == b.token_ids for a, b in zip(alone, batch))
+        tokens = sum(len(o.token_ids) for o in batch)
+        return dict(batch_invariant=batch_invariant, ready_s=round(ready_s, 1), seconds=round(seconds, 3),
+                    output_tokens=tokens, tokens_per_s=round(tokens / seconds, 1), alone_equal=same,
+                    alone_checked=len(alone))
+    finally:
+        del llm
+        gc.collect()
+        if DEVICE.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+def measure_batch_invariance(deadline: float, tokenizer_arg: str | None) -> tuple[str, str]:
+    """Offline throughput with batch_invariant on and off on a SmolLM2-135M-shaped random model
+    (its real shape: hidden 576, 30 layers, 9/3 heads, vocabulary 49,152), in this process."""
+    missing = sorted({missing_module(e) or e for e in ENGINE_IMPORT_ERRORS.values()})
+    if missing:
+        return "SKIPPED", f"the engine's imports fail, missing {missing}: carry wheels (bash scripts/gpu_check.sh prepare)"
+    tokenizer = find_tokenizer(tokenizer_arg)
+    if tokenizer is None:
+        return "SKIPPED", "no SmolLM2 tokenizer files (bash scripts/gpu_check.sh prepare)"
+    if deadline - time.monotonic() < SECTION_MIN_S["invariance"]:
+        return "SKIPPED", f"time budget ({deadline - time.monotonic():.0f} s left)"
+    from inferq.bench.offline import make_workload
+
+    small = CPU_SMOKE
+    workload = (make_workload(2, 4, 12, 2, 3, 512, 0) if small
+                else make_workload(48, 16, 384, 32, 96, SMOLLM2_CONFIG["vocab_size"], 0))
+    runs = {}
+    with tempfile.TemporaryDirectory(prefix="smollm2-shaped-") as tmp:
+        model_dir = smollm2_shaped_model(Path(tmp), tokenizer, small, vocab_size=512 if small else None)
+        for mode in (True, False):  # on first: its kernels are in Triton's cache from the engine section
+            try:
+                runs[mode] = invariance_run(model_dir, mode, workload, deadline)
+            except TimeoutError as exc:
+                row("invariance", f"batch_invariant={mode}", "TIMEOUT", str(exc))
+                break
+            r = runs[mode]
+            ok = r["alone_equal"] == r["alone_checked"] or not mode  # off: differences are allowed
+            row("invariance", f"batch_invariant={mode}", "PASS" if ok else "FAIL",
+                f"{r['tokens_per_s']} output tok/s ({r['output_tokens']} tokens in {r['seconds']} s; ready in "
+                f"{r['ready_s']} s); alone == in the batch for {r['alone_equal']}/{r['alone_checked']} requests")
+    REPORT.info["invariance"] = {str(k): v for k, v in runs.items()}
+    if len(runs) < 2:
+        return "PASS", "only part measured (time budget)"
+    ratio = runs[True]["tokens_per_s"] / runs[False]["tokens_per_s"]
+    row("invariance", "on / off throughput", f"{ratio:.2f}x", "not a measurement on --cpu-smoke" if small else
+        f"{len(workload.prompts)} requests, {sum(map(len, workload.prompts))} prompt tokens, bf16, CUDA graphs")
+    return "PASS", f"on / off = {ratio:.2f}x"
 
 
 # ----------------------------------------------------------------------------- main
@@ -1359,6 +1454,7 @@ def main(argv=None) -> int:
         "kernels": check_kernels,
         "decode": time_decode,
         "engine": lambda deadline: run_engine_benchmark(deadline, args.tokenizer),
+        "invariance": lambda deadline: measure_batch_invariance(deadline, args.tokenizer),
         "pytest": run_pytest,
     }
     for name in GPU_SECTIONS:

@@ -73,8 +73,9 @@ class TritonCounter:
         self._cls.run = self._run
 
 
-def count_steps(num_layers: int, folder: str) -> dict[str, dict]:
-    """Counts of the first mixed and the first decode-only step of a small batch."""
+def count_steps(num_layers: int, folder: str, batch_invariant: bool = False) -> dict[str, dict]:
+    """Counts of the first mixed and the first decode-only step of a small batch (by default of
+    the throughput mode, ``batch_invariant=False``: cuBLAS matmuls and torch norms)."""
     from inferq.gpuworker import LLM
     from inferq.schemas import SamplingParams
     from tests.tiny_models import save_tiny_model
@@ -82,7 +83,7 @@ def count_steps(num_layers: int, folder: str) -> dict[str, dict]:
     save_tiny_model("llama", folder, num_hidden_layers=num_layers)
     llm = LLM(model=folder, attention_backend="triton", device="cpu", dtype="float32", block_size=16,
               max_num_batched_tokens=64, max_num_seqs=8, num_kv_blocks=128, cpu_kernels=False,
-              prepack_weights=False, enable_prefix_caching=False)
+              prepack_weights=False, enable_prefix_caching=False, batch_invariant=batch_invariant)
     engine, runner = llm.engine, llm.engine.runner
     params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
     for i, n in enumerate((5, 7, 9, 200)):  # three short prompts start decoding while the long one is chunked
@@ -111,9 +112,10 @@ def count_steps(num_layers: int, folder: str) -> dict[str, dict]:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--layers", type=int, default=30)
+    ap.add_argument("--batch-invariant", action="store_true", help="count the batch-invariant mode (Triton matmuls and norms)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as d:
-        found = count_steps(args.layers, d)
+        found = count_steps(args.layers, d, args.batch_invariant)
     for kind in ("mixed", "decode"):
         c = found[kind]
         triton, launching, meta = (sum(c[k].values()) for k in ("triton", "launching", "metadata"))
