@@ -108,6 +108,49 @@ def cache_write_variant(dtype, num_kv_heads, head_dim, block_size):
     return name, _reshape_and_cache_kernel, args, cache_write_constants(num_kv_heads, head_dim), CACHE_WRITE_LAUNCH_OPTIONS
 
 
+def invariant_attention_variant(dtype, num_heads, num_kv_heads, head_dim, block_size, num_kv_splits):
+    """Batch-invariant mode: the decode tile for every row, fixed 512-key segments."""
+    from inferq.kernels.split_k_decode import KV_SPLIT_TOKENS
+    from inferq.kernels.unified_attention import kernel_constants
+
+    name, kernel, args, _, options = attention_variant(dtype, num_heads, num_kv_heads, head_dim, block_size, 1,
+                                                       num_kv_splits)
+    const = kernel_constants(dtype, "cuda", num_heads, num_kv_heads, head_dim, block_size, 512, num_kv_splits,
+                             KV_SPLIT_TOKENS)
+    return "batch-invariant " + name, kernel, args, const, options
+
+
+def invariant_merge_variant(dtype, num_heads, head_dim, num_kv_splits):
+    import triton
+
+    from inferq.kernels.split_k_decode import merge_constants
+
+    name, kernel, args, _, options = merge_variant(dtype, num_heads, head_dim, num_kv_splits)
+    const = merge_constants(num_kv_splits, head_dim, max(16, triton.next_power_of_2(head_dim)), in_order=True)
+    return "batch-invariant " + name, kernel, args, const, options
+
+
+def matmul_variant(dtype, n, k, bias: bool):
+    from inferq.kernels.batch_invariant_matmul import _batch_invariant_matmul_kernel, tile_config
+
+    config = tile_config(dtype)
+    options = {key: config.pop(key) for key in ("num_warps", "num_stages")}
+    x, w, out = _meta((100, k), dtype), _meta((n, k), dtype), _meta((100, n), dtype)
+    args = dict(x_ptr=x, w_ptr=w, bias_ptr=_meta((n,), dtype), out_ptr=out, M=100, N=n, K=k, num_programs=132,
+                stride_xm=k, stride_xk=1, stride_wn=k, stride_wk=1, stride_om=n, stride_on=1)
+    const = {**config, "HAS_BIAS": bias, "DOT_IN_FP32": dtype == torch.float32}
+    return f"batch-invariant matmul {str(dtype)[6:]} N{n} K{k} bias {bias}", _batch_invariant_matmul_kernel, args, const, options
+
+
+def rms_norm_variant(dtype, hidden):
+    from inferq.kernels.batch_invariant_rowwise import _block, _rms_norm_kernel
+
+    x = _meta((100, hidden), dtype)
+    args = dict(x_ptr=x, w_ptr=_meta((hidden,), dtype), out_ptr=x, num_rows=100, n=hidden, stride_x=hidden,
+                stride_o=hidden, eps=1e-5)
+    return f"batch-invariant rms_norm {str(dtype)[6:]} {hidden}", _rms_norm_kernel, args, dict(BLOCK=_block(hidden)), dict(num_warps=4)
+
+
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
 CORE_VARIANTS = [
     # SmolLM2-135M in bf16, the engine's CUDA default: decode, split-K decode, prefill
@@ -130,6 +173,14 @@ EXTRA_VARIANTS = [
     lambda: attention_variant(FP32, 6, 2, 64, 16, 1, 4),
     lambda: merge_variant(FP16, 32, 128, 4),
     lambda: cache_write_variant(FP16, 8, 128, 32),
+    # batch-invariant mode (docs/kernels.md, "Batch invariance (GPU)")
+    lambda: invariant_attention_variant(BF16, 9, 3, 64, 16, 16),
+    lambda: invariant_attention_variant(BF16, 32, 8, 128, 16, 16),
+    lambda: invariant_merge_variant(BF16, 32, 128, 16),
+    lambda: matmul_variant(BF16, 4096, 4096, False),
+    lambda: matmul_variant(FP16, 896, 896, True),
+    lambda: matmul_variant(FP32, 576, 576, False),
+    lambda: rms_norm_variant(BF16, 4096),
 ]
 
 
