@@ -88,34 +88,42 @@ def test_base64_single_input_and_token_ids(client, hf, worker_dtype):
     assert_close_to_hf(as_floats, hf_vector(hf, ids, "last"), worker_dtype)
 
 
-def test_same_vector_while_generations_run(client, gateway_url):
+def test_same_vector_while_generations_run(client):
     """Batch invariance: an input's vector is the same bits alone and batched with running generations."""
     alone = {p: client.embeddings.create(model=TINY, input=TEXTS, encoding_format="float",
                                          extra_body={"pooling": p}) for p in ("mean", "last")}
-    started = threading.Event()
-    errors: list = []
+    started, stop = threading.Barrier(4), threading.Event()
+    ended_alone, errors = [], []
 
     def generate(i: int) -> None:
         try:
-            stream = client.completions.create(model=TINY, prompt=f"Story {i}:", max_tokens=150, temperature=0,
+            # Long enough to outlast the embeddings; closed (so cancelled) once they are done.
+            stream = client.completions.create(model=TINY, prompt=f"Story {i}:", max_tokens=4000, temperature=0,
                                                stream=True, extra_body={"ignore_eos": True})
-            for _ in stream:
-                started.set()
+            chunks = iter(stream)
+            next(chunks)
+            started.wait(120)
+            for _ in chunks:
+                if stop.is_set():
+                    break
+            else:
+                ended_alone.append(i)
+            stream.close()
         except Exception as e:  # surfaced below
             errors.append(e)
-            started.set()
+            started.abort()
 
     threads = [threading.Thread(target=generate, args=(i,)) for i in range(3)]
     for t in threads:
         t.start()
-    assert started.wait(120)
+    started.wait(120)  # every generation is streaming
     beside = {p: client.embeddings.create(model=TINY, input=TEXTS, encoding_format="float",
                                           extra_body={"pooling": p}) for p in ("mean", "last")}
-    running = any(t.is_alive() for t in threads)
+    stop.set()
     for t in threads:
         t.join(120)
     assert not errors
-    assert running, "the generations ended before the embeddings ran: the test proved nothing"
+    assert not ended_alone, "a generation ended before the embeddings ran: the test proved nothing"
     for p in ("mean", "last"):
         assert [d.embedding for d in beside[p].data] == [d.embedding for d in alone[p].data], p
 
