@@ -95,7 +95,7 @@ async def prepare_response(ctx: Context, req: ResponseRequest, resolve: Resolver
         metadata=req.metadata or {}, previous_response_id=req.previous_response_id, user=req.user,
         service_tier=req.service_tier, input_items=items, conversation=conversation)
 
-    fields = {"temperature": req.temperature, "top_p": req.top_p, "seed": req.seed,
+    fields = {"temperature": req.temperature, "top_p": req.top_p, "seed": req.seed, "ignore_eos": req.ignore_eos,
               "max_tokens": req.max_output_tokens or min(ctx.settings.default_max_tokens, ctx.settings.max_tokens_cap)}
     constraint = _constraint(req)
     if constraint is not None:

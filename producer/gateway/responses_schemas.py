@@ -82,6 +82,7 @@ class ResponseRequest(BaseModel):
     user: Optional[str] = None
     service_tier: Optional[Literal["auto", "default", "flex", "priority"]] = None
     # inferq extensions (extra_body), as on chat completions.
+    ignore_eos: Optional[bool] = None
     priority: int = Field(0, ge=-1000, le=1000)
     session_id: Optional[str] = Field(None, min_length=1, max_length=256)
 

@@ -72,7 +72,8 @@ def test_a_foreground_stream_dropped_by_its_client_cancels_the_job(client, stack
 
     from inferq.schemas import keys
 
-    stream = create(client, input="Go on", max_output_tokens=4000, temperature=0.8, stream=True)
+    stream = create(client, input="Go on", max_output_tokens=4000, temperature=0.8, stream=True,
+                    extra_body={"ignore_eos": True})
     for ev in stream:
         if ev.type == "response.output_text.delta":
             break
