@@ -17,7 +17,8 @@ from typing import Optional
 
 from inferq.producer.gateway.errors import error_body
 
-_READER_PATHS = re.compile(r"^/v1/(completions|chat/completions|jobs/[^/]+/events)$")
+# (a response's GET is counted too: it may be a resumed event stream, ?stream=true)
+_READER_PATHS = re.compile(r"^/v1/(completions|chat/completions|jobs/[^/]+/events|responses|responses/[^/]+)$")
 
 
 def _tenant_of(scope) -> Optional[str]:
