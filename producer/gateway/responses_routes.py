@@ -23,7 +23,7 @@ from inferq.producer.errors import JobNotFound
 from inferq.producer.gateway import sse
 from inferq.producer.gateway.auth import authenticate
 from inferq.producer.gateway.config import Principal
-from inferq.producer.gateway.errors import APIError, bad_request
+from inferq.producer.gateway.errors import bad_request
 from inferq.producer.gateway.responses_format import FINAL, Outcome, ResponseEvents, folded_body, response_body
 from inferq.producer.gateway.responses_jobs import ROUTE, prepare_response
 from inferq.producer.gateway.responses_schemas import ResponseRequest
