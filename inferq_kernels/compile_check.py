@@ -142,6 +142,23 @@ def matmul_variant(dtype, n, k, bias: bool):
     return f"batch-invariant matmul {str(dtype)[6:]} N{n} K{k} bias {bias}", _batch_invariant_matmul_kernel, args, const, options
 
 
+def weight_only_variant(dtype, kind, n, k):
+    from inferq.kernels.weight_only_matmul import _KIND_CODE, _weight_only_matmul_kernel, tile_config
+
+    config = tile_config(dtype, kind)
+    options = {key: config.pop(key) for key in ("num_warps", "num_stages")}
+    stored = {"fp8": torch.float8_e4m3fn, "int8": torch.int8, "int4": torch.uint8}[kind]
+    packed_k = k // 2 if kind == "int4" else k
+    groups = k // 128 if kind == "int4" else 1
+    args = dict(x_ptr=_meta((100, k), dtype), w_ptr=_meta((n, packed_k), stored), scale_ptr=_meta((n, groups), FP32),
+                bias_ptr=_meta((n,), dtype), out_ptr=_meta((100, n), dtype), M=100, N=n, K=k,
+                stride_xm=k, stride_xk=1, stride_wn=packed_k, stride_wk=1, stride_sn=groups, stride_sg=1,
+                stride_om=n, stride_on=1)
+    const = {**config, "KIND": _KIND_CODE[kind], "GROUP": 128 if kind == "int4" else 1, "HAS_BIAS": False,
+             "DOT_IN_FP32": dtype == torch.float32}
+    return f"weight-only {kind} matmul {str(dtype)[6:]} N{n} K{k}", _weight_only_matmul_kernel, args, const, options
+
+
 def rms_norm_variant(dtype, hidden):
     from inferq.kernels.batch_invariant_rowwise import _block, _rms_norm_kernel
 
@@ -164,6 +181,9 @@ CORE_VARIANTS = [
     lambda: merge_variant(BF16, 9, 64, 8),
     lambda: cache_write_variant(BF16, 3, 64, 16),
     lambda: cache_write_variant(FP32, 1, 16, 16),  # a single KV head: a 1-wide head axis
+    # quantized weights (weight_only_matmul): FP8 checkpoints, int4 groups, at Llama-3-8B's width
+    lambda: weight_only_variant(BF16, "fp8", 4096, 4096),
+    lambda: weight_only_variant(BF16, "int4", 4096, 4096),
 ]
 EXTRA_VARIANTS = [
     lambda: attention_variant(FP16, 8, 8, 128, 32, 300, 1),
@@ -181,6 +201,9 @@ EXTRA_VARIANTS = [
     lambda: matmul_variant(FP16, 896, 896, True),
     lambda: matmul_variant(FP32, 576, 576, False),
     lambda: rms_norm_variant(BF16, 4096),
+    lambda: weight_only_variant(BF16, "int8", 4096, 4096),
+    lambda: weight_only_variant(FP16, "fp8", 896, 896),
+    lambda: weight_only_variant(FP32, "int4", 576, 576),
 ]
 
 
