@@ -104,3 +104,16 @@ def test_detection_from_the_template():
     assert detect_parser("{{ messages }}", "") is None
     assert detect_parser(QWEN3_TEMPLATE, "<|im_start|>assistant\n") == "qwen3"
     assert detect_parser(R1_TEMPLATE, "<|im_start|>assistant\n<think>\n") == "deepseek_r1"
+
+
+def test_sdk_jobs_carry_chat_template_kwargs():
+    from inferq.producer.client import build_job
+
+    ask = [{"role": "user", "content": "hi"}]
+    job = build_job("m", messages=ask, chat_template_kwargs={"enable_thinking": False})
+    assert job.chat_template_kwargs == {"enable_thinking": False}
+    assert '"enable_thinking":false' in job.to_fields()["job"]
+    with pytest.raises(ValueError, match="may not set chat_template, tokenize"):
+        build_job("m", messages=ask, chat_template_kwargs={"tokenize": True, "chat_template": "x"})
+    with pytest.raises(ValueError, match="need 'messages'"):
+        build_job("m", "a prompt", chat_template_kwargs={"enable_thinking": False})
