@@ -41,9 +41,10 @@ class ResponseStore:
         key = keys.response(spec.job_id)
         await self.redis.hset(key, mapping={_SPEC: spec.model_dump_json()})
         await self.redis.expire(key, self.ttl_s)
-        await self.redis.zadd(keys.responses_unsaved(), {spec.job_id: spec.created_at})
+        now = time.time()  # finer than created_at (whole seconds): the oldest go first, in order
+        await self.redis.zadd(keys.responses_unsaved(), {spec.job_id: now})
         index = keys.responses_of(spec.tenant or "")
-        await self.redis.zadd(index, {spec.job_id: spec.created_at})
+        await self.redis.zadd(index, {spec.job_id: now})
         await self.redis.expire(index, self.ttl_s)
         excess = await self.redis.zcard(index) - self.max_per_tenant
         if excess > 0:
