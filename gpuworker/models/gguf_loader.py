@@ -69,7 +69,7 @@ def cache_key(gguf_path: Path) -> str:
 
 WEIGHTS_ENV = "INFERQ_GGUF_WEIGHTS"
 WEIGHT_MODES = ("native", "dequantize")
-DEFAULT_MODE = "dequantize"
+DEFAULT_MODE = "auto"  # native on a CPU where the quantized kernels build
 
 
 def weights_mode(device: str = "cpu", setting: str | None = None) -> str:

@@ -34,6 +34,7 @@ GROUPS: dict[str, dict[str, str]] = {
     },
     "CPU kernels and libraries": {
         "cpu-matmul": "decode-sized CPU matmuls: our kernels vs oneDNN's prepacked weights vs F.linear",
+        "quant-matmul": "GGUF quantized matmuls (int8 and float activations) vs the bf16 panels, per type",
         "decode-attention": "one layer's decode attention on the CPU: the C kernel vs gather + SDPA",
         "prefill-attention": "one layer's prefill attention on the CPU, per prefill route of the torch backend",
         "grammar-libs": "llguidance vs xgrammar on the bundled tokenizer: compile and token-mask times",

@@ -24,7 +24,8 @@ GGUF_ATOL = 3e-4
 
 @pytest.fixture(scope="module")
 def smollm():
-    return load_model()
+    # the dequantized conversion, which these tests are about (native: tests/models/test_gguf_native.py)
+    return load_model(gguf_weights="dequantize")
 
 
 def test_bundled_model_matches_transformers_gguf_loader(smollm):
@@ -76,7 +77,7 @@ def test_converted_folder_is_reused_and_loads_fast(smollm, monkeypatch):
 
     monkeypatch.setattr(gguf_loader, "convert_gguf", no_conversion)
     start = time.perf_counter()
-    again = load_model()
+    again = load_model(gguf_weights="dequantize")
     elapsed = time.perf_counter() - start
     assert converted_folder(bundled_model_path()) == folder
     assert (folder / "model.safetensors").stat().st_mtime_ns == stamp
