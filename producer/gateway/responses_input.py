@@ -101,11 +101,12 @@ def _function_call_output(item: dict, i: int, job_id: str) -> dict:
             "output": output, "status": "completed"}
 
 
-def items_to_messages(items: list[dict]) -> list[dict]:
+def items_to_messages(items: list[dict], before: tuple[dict, ...] | list[dict] = ()) -> list[dict]:
     """Input (or earlier output) items as chat messages: consecutive function calls
-    join the assistant turn before them, each output becomes a ``tool`` turn."""
+    join the assistant turn before them, each output becomes a ``tool`` turn (named
+    after its call, which may be in the messages ``before`` these)."""
     messages: list[dict] = []
-    names: dict[str, str] = {}
+    names: dict[str, str] = {c["id"]: c["function"]["name"] for m in before for c in m.get("tool_calls") or []}
     for item in items:
         kind = item["type"]
         if kind == "message":

@@ -77,7 +77,7 @@ async def prepare_response(ctx: Context, req: ResponseRequest, resolve: Resolver
     if not items and req.previous_response_id is None:
         raise bad_request("input must not be empty", param="input")
     conversation = await chain(req.previous_response_id) if req.previous_response_id else []
-    conversation = conversation + items_to_messages(items)
+    conversation = conversation + items_to_messages(items, conversation)
     messages = ([{"role": "system", "content": req.instructions}] if req.instructions else []) + conversation
     if not messages:
         raise bad_request("input must not be empty", param="input")

@@ -72,7 +72,7 @@ class ResponsesService:
         if body["status"] not in ("completed", "incomplete"):
             raise bad_request(f"Previous response '{resp_id}' is {body['status']}; only a completed (or incomplete) "
                               "response can be continued.", param="previous_response_id")
-        return stored.spec.conversation + items_to_messages(body["output"])
+        return stored.spec.conversation + items_to_messages(body["output"], stored.spec.conversation)
 
     # -- saving finals of ended jobs, whoever created them ------------------------------
     async def save_finals_once(self) -> None:

@@ -92,3 +92,21 @@ def test_length_is_incomplete_and_without_tools_text_is_one_message():
     assert final["response"]["incomplete_details"] == {"reason": "max_output_tokens"}
     [item] = final["response"]["output"]
     assert item["status"] == "incomplete" and item["content"][0]["text"] == "Hi <tool_call>"
+
+
+def test_input_items_become_chat_messages():
+    from inferq.producer.gateway.responses_input import items_to_messages, normalize_input
+
+    call = {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": '{"city": "Paris"}'}
+    items = normalize_input([{"role": "developer", "content": "Be terse."}, {"role": "user", "content": "Weather?"},
+                             {"role": "assistant", "content": "Checking."}, call,
+                             {"type": "function_call_output", "call_id": "c1", "output": "21 C"}], "j")
+    assert [i["id"] for i in items] == ["msg_j_in0", "msg_j_in1", "msg_j_in2", "fc_j_in3", "fco_j_in4"]
+    whole = items_to_messages(items)
+    assert whole == [
+        {"role": "system", "content": "Be terse."}, {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "content": "Checking.", "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+        {"role": "tool", "content": "21 C", "tool_call_id": "c1", "name": "get_weather"}]
+    # The answer sent in a later request (the call in the chain before it) is the same turn.
+    assert items_to_messages(items[-1:], whole[:-1]) == whole[-1:]
