@@ -65,24 +65,51 @@ def step_ms(cost: dict, m: Machine) -> dict:
     return out
 
 
+class WeightStream:
+    """The weight stream the matmul kernels get: packed copies of SmolLM2's MLP weight
+    (1536 x 576) in ``dtype``, 226 MB in all (past every cache), each read once per pass
+    by the engine's own kernel at ``rows`` rows. ``gbs()`` measures it (median of a few
+    passes after a warm one): the ceiling a decode step's weight reads are held to."""
+
+    SHAPE = (1536, 576)
+
+    def __init__(self, dtype: torch.dtype = torch.float32, rows: int = 1, total_bytes: int = 226_492_416):
+        from inferq.gpuworker.models import cpu_linear
+
+        lib = cpu_linear.load()
+        probe = torch.empty(self.SHAPE, dtype=dtype)
+        if lib is None or not cpu_linear.can_pack(lib, probe):
+            raise SystemExit(f"the {dtype} matmul kernel is not available on this CPU")
+        count = max(1, -(-total_bytes // (probe.numel() * probe.element_size())))
+        self.packed = [cpu_linear.PackedWeight(lib, torch.randn(self.SHAPE).to(dtype)) for _ in range(count)]
+        self.nbytes = sum(p.nbytes for p in self.packed)
+        self.x = torch.randn(rows, self.SHAPE[1]).to(dtype)
+        self.y = torch.empty(rows, self.SHAPE[0], dtype=dtype)
+        # the kernel calls themselves, arguments made once: the stream, not the Python around it
+        x, y = self.x, self.y
+        self._calls = [(p._run, (x.data_ptr(), x.stride(0), rows, p.packed.data_ptr(), p.n, p.k, None,
+                                 y.data_ptr(), p.n)) for p in self.packed]
+        self._lib = lib
+
+    def _pass(self) -> None:
+        for fn, args in self._calls:
+            fn(*args)
+
+    def gbs(self, repeats: int = 3) -> float:
+        from inferq.kernels.cpu import loader
+
+        loader.sync_threads(self._lib)
+        return self.nbytes / warm_median_s(self._pass, repeats) / 1e9
+
+
 def measure(threads: int) -> Machine:
     """This machine at ``threads`` threads, through the engine's own fp32 matmul kernel."""
-    from inferq.gpuworker.models import cpu_linear
-
     torch.set_num_threads(threads)
-    lib = cpu_linear.load()
     # 64 weights of SmolLM2's MLP shape (1536 x 576 fp32, 226 MB): past every cache
-    ws = [torch.randn(1536, 576) for _ in range(64)]
-    packed = [cpu_linear.PackedWeight(lib, w) if lib is not None and cpu_linear.can_pack(lib, w) else None for w in ws]
-    if any(p is None for p in packed):
-        raise SystemExit("the fp32 matmul kernel is not available on this CPU")
-    nbytes = sum(w.numel() * 4 for w in ws)
-    del ws
-    x1 = torch.randn(1, 576)
-    gbs = nbytes / warm_median_s(lambda: [p(x1, None) for p in packed]) / 1e9
-    xs = torch.randn(512, 576)
-    few = packed[:8]  # compute: 512 rows on 8 weights (the weight is read once per row block)
-    gflops = 2 * 512 * 1536 * 576 * len(few) / warm_median_s(lambda: [p(xs, None) for p in few]) / 1e9
+    gbs = WeightStream(torch.float32).gbs()
+    few = WeightStream(torch.float32, rows=512, total_bytes=8 * 1536 * 576 * 4)
+    # compute: 512 rows on 8 weights (the weight is read once per row block)
+    gflops = 2 * 512 * 1536 * 576 * len(few.packed) / warm_median_s(few._pass) / 1e9
     return Machine(f"this machine, {threads} thread(s)", threads, gbs, gflops)
 
 

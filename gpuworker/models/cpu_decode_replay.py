@@ -1,0 +1,228 @@
+"""Decode steps on the CPU as a replayed list of C kernel calls (a CPU cousin of CUDA graphs).
+
+A decode step of a small model at batch 1 is ~300 kernel calls (10 a layer), each a few
+microseconds of torch dispatch, tensor allocation and argument checks around the C kernel:
+on SmolLM2-135M that Python was a third of the step on top of the weight stream
+(``inferq bench step-breakdown``). For a decode-only step of ``b`` rows every kernel reads
+and writes buffers of a shape fixed by ``b``: so the calls are recorded once per ``b``
+against buffers kept for it (pointers, strides and sizes worked out once) and replayed as
+plain ctypes calls; per step only the positions' rotary rows, the K/V slots and the block
+table change.
+
+The replay runs exactly the kernels the layer-by-layer forward runs (llama.py:
+``add_rms_norm``, ``PackedWeight`` / ``PackedGateUp``, ``rotate_qk``, the paged decode
+kernel of the torch backend) with the same inputs, so its results are the same bits: the
+first replay of each ``b`` is checked against the forward, and any difference (or a kernel
+refusing its arguments) turns the replay off for good, the forward giving the step's result.
+A projection whose weight is not a ``PackedWeight`` (a GGUF's quantized blocks,
+quant_linear.py) is replayed as its own call, its result copied into the fixed buffer. Where a
+piece has no C kernel here (oneDNN packing, q/k norms, a KV cache of another dtype, the
+attention backend not on its C decode kernel) the model never replays.
+"""
+from __future__ import annotations
+
+import ctypes
+import logging
+
+import torch
+
+from inferq.gpuworker.models.cpu_linear import PackedGateUp, PackedWeight
+from inferq.kernels.cpu import loader
+
+log = logging.getLogger(__name__)
+
+MAX_ROWS = 16  # past a few rows the per-call overhead is a small part of the step
+
+
+class ReplayRefused(RuntimeError):
+    """A kernel returned non-zero during a replay: the step runs through the forward instead."""
+
+
+def _check(rc: int) -> None:
+    if rc != 0:
+        raise ReplayRefused(rc)
+
+
+def _call_into(w, x: torch.Tensor, bias, y: torch.Tensor) -> int:
+    """A projection without a raw kernel call here, into the fixed buffer ``y``."""
+    y.copy_(w(x, bias))
+    return 0
+
+
+class _Recording:
+    """Buffers and fixed kernel arguments of a ``b``-row decode step. ``instrument(fn, part)``,
+    where given, wraps every op function (``inferq bench step-breakdown`` times them)."""
+
+    def __init__(self, model, b: int, instrument=None) -> None:
+        cfg = model.config
+        layer0 = model.layers[0]
+        dt = model.dtype
+        h, d = cfg.hidden_size, cfg.head_dim
+        hq, hkv = cfg.num_heads, cfg.num_kv_heads
+        q_size, kv_size = layer0.q_size, layer0.kv_size
+        qkv_n = q_size + 2 * kv_size
+        inter = cfg.intermediate_size
+        isz = torch.tensor([], dtype=dt).element_size()
+        self.b = b
+        e = lambda *shape: torch.empty(*shape, dtype=dt)  # noqa: E731
+        self.residual, self.x, self.qkv = e(b, h), e(b, h), e(b, qkv_n)
+        self.qo, self.ko, self.attn = e(b, hq, d), e(b, hkv, d), e(b, hq * d)
+        self.o_out, self.act, self.down_out = e(b, h), e(b, inter), e(b, h)
+        self.cos, self.sin = e(b, d), e(b, d)
+        self.rows = torch.arange(b, dtype=torch.int64)  # query row i is sequence i
+        self.lens = torch.empty(b, dtype=torch.int64)
+        self.scratch = torch.empty(0, dtype=torch.float32)
+        self.kv_row_bytes = hkv * d * isz
+        ptr = lambda t: t.data_ptr()  # noqa: E731
+        kernels = layer0.cpu_kernels
+        wrap = instrument or (lambda fn, part: fn)
+        self.wrap_linear = lambda fn: wrap(fn, "linear")  # noqa: E731
+        norm, rotary = wrap(kernels.add_rms_norm[dt], "other model ops"), wrap(kernels.rotary[dt], "other model ops")
+        eps = cfg.rms_norm_eps
+        self.k_src = [ptr(self.ko) + r * self.kv_row_bytes for r in range(b)]
+        self.v_src = [ptr(self.qkv) + (r * qkv_n + q_size + kv_size) * isz for r in range(b)]
+        self.rotary = (rotary, (ptr(self.qkv), qkv_n, hq, ptr(self.qkv) + q_size * isz, qkv_n, hkv, d,
+                                ptr(self.cos), ptr(self.sin), ptr(self.qo), ptr(self.ko), b))
+        self.attention = wrap(kernels.fns["paged_decode_bf16" if dt == torch.bfloat16 else "paged_decode_f32"],
+                              "attention")
+        self.heads = (hq, hkv, d)
+        self.scale = float(layer0.scale)
+        self.layers = []
+        for i, layer in enumerate(model.layers):
+            p = layer.packed
+            qkv, o, gate_up, down = p["qkv"], p["o"], p["gate_up"], p["down"]
+            hidden_in = None if i == 0 else ptr(self.down_out)
+            pre = (norm, (ptr(self.residual), hidden_in, ptr(layer.input_layernorm), ptr(self.x), b, h, eps))
+            qkv_call = self._linear(qkv, self.x, layer.qkv_bias, self.qkv)
+            o_call = self._linear(o, self.attn, layer.o_bias, self.o_out)
+            post = (norm, (ptr(self.residual), ptr(self.o_out), ptr(layer.post_attention_layernorm), ptr(self.x), b, h, eps))
+            if isinstance(gate_up, PackedGateUp):
+                fused = self.wrap_linear(gate_up.lib.silu_fused[gate_up.layout][0])
+                mlp = [(fused, (ptr(self.x), h, b, ptr(gate_up.packed), gate_up.n, gate_up.k, ptr(self.act), inter))]
+            else:
+                if not hasattr(self, "gate_up_out"):
+                    self.gate_up_out = e(b, 2 * inter)
+                mlp = [self._linear(gate_up, self.x, layer.gate_up_bias, self.gate_up_out),
+                       (wrap(kernels.silu_mul[dt], "other model ops"),
+                        (ptr(self.gate_up_out), 2 * inter, inter, ptr(self.act), b))]
+            down_call = self._linear(down, self.act, layer.down_bias, self.down_out)
+            self.layers.append((pre, qkv_call, post, mlp, o_call, down_call))
+        self.final = (norm, ptr(model.norm), eps)
+
+    def _linear(self, w, x: torch.Tensor, bias, y: torch.Tensor):
+        """PackedWeight._kernel's call on fixed buffers; any other projection's own call."""
+        if not isinstance(w, PackedWeight):
+            return (self.wrap_linear(_call_into), (w, x, bias, y))
+        return (self.wrap_linear(w._run), (x.data_ptr(), x.stride(0), x.shape[0], w.packed.data_ptr(), w.n, w.k,
+                                           None if bias is None else bias.data_ptr(), y.data_ptr(), w.n))
+
+    def scratch_for(self, max_len: int, threads: int) -> int:
+        """The attention kernel's fp32 scratch (as the torch backend sizes it), grown as needed."""
+        need = self.heads[0] * (max_len + 256) * max(1, threads)
+        if self.scratch.numel() < need:
+            self.scratch = torch.empty(max(need, 2 * self.scratch.numel(), 4096), dtype=torch.float32)
+        return self.scratch.data_ptr()
+
+
+class DecodeReplay:
+    """Replays decode-only steps of up to MAX_ROWS rows for one model (see the module doc)."""
+
+    def __init__(self, model) -> None:
+        self.model = model
+        self.kernels = model.layers[0].cpu_kernels
+        self.libs = list({id(lib): lib for lib in (getattr(layer.packed[n], "lib", None) for layer in model.layers
+                                                  for n in ("qkv", "o", "gate_up", "down")) if lib is not None}.values())
+        self.enabled = True
+        self.instrument = None  # see _Recording; forget() after setting it
+        self._recordings: dict[int, _Recording] = {}
+        self._checked: set[int] = set()
+
+    @staticmethod
+    def supported(model) -> bool:
+        """Whether every op of this model's decode step has a C kernel here."""
+        cfg = model.config
+        layer0 = model.layers[0]
+        if model.dtype not in (torch.float32, torch.bfloat16) or layer0.cpu_kernels is None or cfg.qk_norm:
+            return False
+        if getattr(model.backend, "name", None) != "torch" or getattr(model.backend, "native_decode", False) is False:
+            return False
+        # every projection packed for a CPU kernel (a PackedWeight, or quantized blocks): not
+        # oneDNN's layout (a tensor), nor a plain weight
+        return all(layer.packed.get(n) is not None and not isinstance(layer.packed[n], torch.Tensor)
+                   for layer in model.layers for n in ("qkv", "o", "gate_up", "down"))
+
+    def forget(self) -> None:
+        """Drop the recordings (they hold the kernel functions they were made with)."""
+        self._recordings.clear()
+
+    def applies(self, input_ids: torch.Tensor, kv_caches, meta) -> bool:
+        b = input_ids.shape[0]
+        return (self.enabled and meta.max_query_len == 1 and 0 < b <= MAX_ROWS and meta.all_slots_valid
+                and len(meta.seq_lens_cpu) == b and meta.block_tables.dtype == torch.int32
+                and meta.block_tables.is_contiguous() and kv_caches[0][0].dtype == self.model.dtype)
+
+    def run(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches, meta, forward):
+        """The final-normed hidden states of a decode-only step; ``forward`` is the model's
+        layer-by-layer forward, run instead where the replay cannot (and beside the first
+        replay of each row count, as its check)."""
+        b = input_ids.shape[0]
+        rec = self._recordings.get(b)
+        if rec is None:
+            rec = self._recordings[b] = _Recording(self.model, b, self.instrument)
+        try:
+            out = self._replay(rec, input_ids, positions, kv_caches, meta)
+        except ReplayRefused as e:
+            log.warning("CPU decode replay refused by a kernel (rc %s): decode steps take the forward", e)
+            self.enabled = False
+            return forward()
+        if b not in self._checked:
+            expected = forward()  # rewrites the same K/V slots with its own values
+            if not torch.equal(out, expected):
+                log.warning("CPU decode replay differs from the forward at %d rows: decode steps take the forward", b)
+                self.enabled = False
+            self._checked.add(b)
+            return expected
+        return out
+
+    def _replay(self, rec: _Recording, input_ids, positions, kv_caches, meta) -> torch.Tensor:
+        model = self.model
+        kernels = self.kernels
+        kernels.sync()
+        for lib in self.libs:
+            if hasattr(lib, "threads"):
+                loader.sync_threads(lib)
+        rec.residual.copy_(model.embed(input_ids))
+        rot = model.rotary
+        torch.index_select(rot.cos, 0, positions, out=rec.cos)
+        torch.index_select(rot.sin, 0, positions, out=rec.sin)
+        rec.lens.copy_(meta.seq_lens)
+        slots = meta.slot_mapping.tolist()
+        tables = meta.block_tables
+        hq, hkv, d = rec.heads
+        head = (tables.data_ptr(), tables.stride(0), rec.rows.data_ptr(), rec.rows.data_ptr(), rec.lens.data_ptr(),
+                rec.b, hq, hkv, d, kv_caches[0][0].shape[1], rec.scale,
+                rec.scratch_for(meta.max_seq_len, kernels.lib.threads))
+        row_bytes, k_src, v_src = rec.kv_row_bytes, rec.k_src, rec.v_src
+        rotary, rotary_args = rec.rotary
+        attention, qo, attn = rec.attention, rec.qo.data_ptr(), rec.attn.data_ptr()
+        q_stride = hq * d
+        memmove = ctypes.memmove
+        for (pre, qkv, post, mlp, o, down), (key_cache, value_cache) in zip(rec.layers, kv_caches):
+            _check(pre[0](*pre[1]))
+            _check(qkv[0](*qkv[1]))
+            _check(rotary(*rotary_args))
+            kc, vc = key_cache.data_ptr(), value_cache.data_ptr()
+            for r, slot in enumerate(slots):
+                memmove(kc + slot * row_bytes, k_src[r], row_bytes)
+                memmove(vc + slot * row_bytes, v_src[r], row_bytes)
+            _check(attention(qo, q_stride, attn, q_stride, kc, vc, *head))
+            _check(o[0](*o[1]))
+            _check(post[0](*post[1]))
+            for fn, args in mlp:
+                _check(fn(*args))
+            _check(down[0](*down[1]))
+        norm, weight, eps = rec.final
+        out = torch.empty_like(rec.x)  # a fresh tensor: the caller may keep it past the next step
+        _check(norm(rec.residual.data_ptr(), rec.down_out.data_ptr(), weight, out.data_ptr(), rec.b,
+                    out.shape[1], eps))
+        return out

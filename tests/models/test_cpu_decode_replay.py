@@ -1,0 +1,85 @@
+"""The CPU decode replay (gpuworker/models/cpu_decode_replay.py) gives the forward's bits.
+
+A tiny random Llama on the C kernels, float32 and bfloat16: the same greedy and seeded
+tokens with the replay on and off, at 1 to 3 rows a step (requests joining and leaving), the
+replay's own first-step check passing at every row count it ran (it turns itself off on any
+difference), and a replayed step's hidden states equal to the forward's, bit for bit.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from inferq.gpuworker import LLM
+from inferq.gpuworker.attention.cpu_kernels import load as load_cpu_kernels
+from inferq.schemas import SamplingParams
+from tests.tiny_models import save_tiny_model
+
+pytestmark = pytest.mark.skipif(load_cpu_kernels() is None, reason="the CPU C kernels do not build here")
+
+
+@pytest.fixture(scope="module")
+def tiny_folder(tmp_path_factory):
+    return save_tiny_model("llama", tmp_path_factory.mktemp("replay") / "llama")
+
+
+def _engine(folder, dtype: str) -> LLM:
+    torch.set_num_threads(1)
+    llm = LLM(model=str(folder), dtype=dtype, num_kv_blocks=128, max_num_seqs=8, enable_prefix_caching=False)
+    if llm.engine.model.decode_replay is None:
+        pytest.skip(f"no decode replay for {dtype} here (a kernel missing)")
+    return llm
+
+
+def _run(llm: LLM, replay) -> list[list[int]]:
+    llm.engine.model.decode_replay = replay
+    prompts = [[5 + i for i in range(n)] for n in (7, 19, 3)]
+    params = [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for n in (24, 9, 16)]
+    params[1] = SamplingParams(max_tokens=9, temperature=0.8, top_p=0.9, seed=11, ignore_eos=True)
+    return [o.token_ids for o in llm.generate(prompts, params)]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_replay_gives_the_forwards_tokens(tiny_folder, dtype):
+    if dtype == "bfloat16" and not torch.backends.cpu.get_cpu_capability().startswith("AVX512"):
+        pytest.skip("bf16 kernels need AVX-512")
+    llm = _engine(tiny_folder, dtype)
+    replay = llm.engine.model.decode_replay
+    expected = _run(llm, None)
+    got = _run(llm, replay)
+    assert got == expected
+    assert replay.enabled, "the replay's first-step check found a difference from the forward"
+    assert {1, 2, 3} <= replay._checked, f"replayed row counts {sorted(replay._checked)}"
+    llm.engine.check_invariants()
+
+
+def test_replayed_step_equals_forward_bit_for_bit(tiny_folder):
+    """After the checked first step, later replays are compared here directly."""
+    llm = _engine(tiny_folder, "float32")
+    eng = llm.engine
+    model = eng.model
+    replay = model.decode_replay
+    eng.add_request("r", list(range(10, 30)), SamplingParams(max_tokens=12, temperature=0, ignore_eos=True))
+    seen = []
+
+    def forward(ids, positions, kv_caches, meta, keep_rows=None):
+        got = replay_forward(ids, positions, kv_caches, meta, keep_rows)
+        if replay.applies(ids, kv_caches, meta) and 1 in replay._checked:
+            seen.append(torch.equal(got, model.layers_forward(ids, positions, kv_caches, meta)))
+        return got
+
+    replay_forward = model.forward
+    model.forward = forward
+    try:
+        while eng.has_unfinished():
+            eng.step()
+    finally:
+        del model.forward
+    assert len(seen) >= 8 and all(seen), seen
+
+
+def test_replay_can_be_switched_off(tiny_folder, monkeypatch):
+    monkeypatch.setenv("INFERQ_CPU_DECODE_REPLAY", "0")
+    torch.set_num_threads(1)
+    llm = LLM(model=str(tiny_folder), dtype="float32", num_kv_blocks=64)
+    assert llm.engine.model.decode_replay is None
