@@ -132,7 +132,7 @@ def test_background_response_survives_a_killed_worker_and_gateway(stack, tmp_pat
         gw_a = GatewayProc(stack.url, tmp_path)
         client_a = OpenAI(base_url=f"{gw_a.url}/v1", api_key="unused", max_retries=0, timeout=120)
         stream = client_a.responses.create(model=model, input="Tell me everything", background=True, stream=True,
-                                           max_output_tokens=48, temperature=0.9, extra_body={"ignore_eos": True})
+                                           max_output_tokens=80, temperature=0.9, extra_body={"ignore_eos": True})
         seen = []
         for ev in stream:
             seen.append(ev)
@@ -152,7 +152,7 @@ def test_background_response_survives_a_killed_worker_and_gateway(stack, tmp_pat
         assert client_b.responses.retrieve(resp_id).status == "in_progress"  # from the job's records alone
         final = wait_for(lambda: (x := client_b.responses.retrieve(resp_id)).status in FINAL and x, 120,
                          "the response to end")
-        assert final.status == "incomplete" and final.usage.output_tokens == 48, final.status
+        assert final.status == "incomplete" and final.usage.output_tokens == 80, final.status
 
         # The job was redelivered and continued (request migration), not started over.
         events = [decode_event(f) for _, f in r.xrange(keys.reply(job_id))]
