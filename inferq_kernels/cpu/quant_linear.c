@@ -405,20 +405,94 @@ int quant_linear_f32(int type, const float *x, int64_t ldx, int64_t m, int64_t k
    record is the same bytes as the file's blocks, plus the offsets (Q4_0 4.5 -> 5 bits a weight,
    Q8_0 8.5 -> 9); rows past n are zero. */
 #define G16 16
-static inline int rec16_bytes(int type) {
+/* K-quants (Q4_K, Q5_K, Q6_K) keep their two-level scales: per group and super-block of 256,
+   the 16 rows' d and dmin (f16 [16] each), then per 32-element sub-block their 6-bit scales
+   and mins (u8 [16] each; Q6_K: the int8 scales of its two halves of 16), the low nibbles as
+   above (4 vectors) and the fifth bits (Q5_K: one vector, bits 2p and 2p + 1 of byte 4r + b
+   for the low and high nibble of vector p) or the top two bits (Q6_K: two vectors, nibble
+   p % 2 of byte 4r + b of vector p / 2: bits 0-1 for the low nibble's element, 2-3 for the
+   high's). Scales are computed in the kernel as the row kernel does (d * sc, dmin * m, in
+   float32): the same weights, 4.625 bits a weight for Q4_K (the file: 4.5). */
+static inline int k16_sub_bytes(int type) {
+    return type == GGML_Q4_K ? 32 + 256 : type == GGML_Q5_K ? 32 + 256 + 64 : type == GGML_Q6_K ? 32 + 256 + 128 : 0;
+}
+static inline int rec16_bytes(int type) { /* per group and 32 elements (K-quants: per 256) */
+    if (k16_sub_bytes(type)) return 64 + 8 * k16_sub_bytes(type);
     return type == GGML_Q8_0 ? 64 + 512 : (type == GGML_Q4_0 || type == GGML_Q4_1) ? 64 + 256 : 0;
 }
 
+/* The unsigned q (0-63) of the 256 elements of one K-quant super-block, its per-sub-block
+   scales (sc: Q6_K's 16 signed half scales) and mins, as the row kernel reads them. */
+static void k_block_q(int type, const uint8_t *p, uint8_t *q, int *sc, int *mn, uint16_t *d, uint16_t *dmin) {
+    if (type == GGML_Q6_K) {
+        const blk_q6_k *b = (const blk_q6_k *)p;
+        *d = b->d; *dmin = 0;
+        for (int j = 0; j < 16; ++j) sc[j] = b->scales[j];
+        for (int g = 0; g < 8; ++g) {
+            const int h = g >> 2, i = g & 3;
+            for (int l = 0; l < 32; ++l)
+                q[32 * g + l] = (uint8_t)(((b->ql[64 * h + 32 * (i & 1) + l] >> (4 * (i >> 1))) & 15) |
+                                          (((b->qh[32 * h + l] >> (2 * i)) & 3) << 4));
+        }
+        return;
+    }
+    const blk_q4_k *b = (const blk_q4_k *)p;
+    const uint8_t *qs = type == GGML_Q4_K ? b->qs : ((const blk_q5_k *)p)->qs;
+    *d = b->d; *dmin = b->dmin;
+    for (int j = 0; j < 8; ++j) {
+        k4_scale_min(b->scales, j, sc + j, mn + j);
+        for (int l = 0; l < 32; ++l) {
+            int v = (qs[32 * (j >> 1) + l] >> (4 * (j & 1))) & 15;
+            if (type == GGML_Q5_K) v |= ((((const blk_q5_k *)p)->qh[l] >> j) & 1) << 4;
+            q[32 * j + l] = (uint8_t)v;
+        }
+    }
+}
+
+static void repack16_k(int type, const uint8_t *w, int64_t n, int64_t k, uint8_t *out) {
+    const int rb = rec16_bytes(type), sb = k16_sub_bytes(type);
+    const int64_t nsb = k / 256, row_bytes = nsb * qblock_bytes(type), groups = (n + G16 - 1) / G16;
+    for (int64_t g = 0; g < groups; ++g)
+        for (int64_t s = 0; s < nsb; ++s) {
+            uint8_t *rec = out + (g * nsb + s) * rb;
+            for (int r = 0; r < G16 && g * G16 + r < n; ++r) {
+                uint8_t q[256];
+                int sc[16], mn[8];
+                k_block_q(type, w + (g * G16 + r) * row_bytes + s * qblock_bytes(type), q, sc, mn,
+                          (uint16_t *)rec + r, (uint16_t *)(rec + 32) + r);
+                for (int j = 0; j < 8; ++j) {
+                    uint8_t *sub = rec + 64 + j * sb, *lo = sub + 32, *hi = sub + 32 + 256;
+                    const uint8_t *e = q + 32 * j;
+                    if (type == GGML_Q6_K) { sub[r] = (uint8_t)(int8_t)sc[2 * j]; sub[16 + r] = (uint8_t)(int8_t)sc[2 * j + 1]; }
+                    else { sub[r] = (uint8_t)sc[j]; sub[16 + r] = (uint8_t)mn[j]; }
+                    for (int v = 0; v < 4; ++v)
+                        for (int i = 0; i < 4; ++i) {
+                            const int a = e[8 * v + i], c = e[8 * v + 4 + i];
+                            lo[v * 64 + 4 * r + i] = (uint8_t)((a & 15) | (c & 15) << 4);
+                            if (type == GGML_Q5_K)
+                                hi[4 * r + i] |= (uint8_t)(((a >> 4) & 1) << (2 * v) | ((c >> 4) & 1) << (2 * v + 1));
+                            else if (type == GGML_Q6_K)
+                                hi[(v >> 1) * 64 + 4 * r + i] |= (uint8_t)(((a >> 4) | (c >> 4) << 2) << (4 * (v & 1)));
+                        }
+                }
+            }
+        }
+}
+
 int64_t quant_repack16_bytes(int type, int64_t n, int64_t k) {
-    if (!rec16_bytes(type) || k % 32) return -1;
-    return (n + G16 - 1) / G16 * (k / 32) * rec16_bytes(type);
+    if (!rec16_bytes(type) || k % qblock_elems(type)) return -1;
+    return (n + G16 - 1) / G16 * (k / qblock_elems(type)) * rec16_bytes(type);
 }
 
 int quant_repack16(int type, const uint8_t *w, int64_t n, int64_t k, uint8_t *out) {
     const int rb = rec16_bytes(type);
-    if (!rb || k % 32) return -1;
+    if (!rb || k % qblock_elems(type)) return -1;
+    memset(out, 0, (size_t)quant_repack16_bytes(type, n, k));
+    if (k16_sub_bytes(type)) {
+        repack16_k(type, w, n, k, out);
+        return 0;
+    }
     const int64_t nb = k / 32, row_bytes = nb * qblock_bytes(type), groups = (n + G16 - 1) / G16;
-    memset(out, 0, (size_t)(groups * nb * rb));
     for (int64_t g = 0; g < groups; ++g)
         for (int64_t b = 0; b < nb; ++b) {
             uint8_t *rec = out + (g * nb + b) * rb;
@@ -450,6 +524,27 @@ int quant_repack16(int type, const uint8_t *w, int64_t n, int64_t k, uint8_t *ou
 /* Row `row` of a repacked table as floats, the same values as dequant_block's. */
 static void repacked_row(int type, const uint8_t *wp, int64_t k, int64_t row, float *out) {
     const int rb = rec16_bytes(type);
+    if (k16_sub_bytes(type)) {
+        const int sb = k16_sub_bytes(type), r = (int)(row % G16);
+        for (int64_t s = 0; s < k / 256; ++s) {
+            const uint8_t *rec = wp + ((row / G16) * (k / 256) + s) * rb;
+            const float d = f16_to_f32(((const uint16_t *)rec)[r]), dmin = f16_to_f32(((const uint16_t *)(rec + 32))[r]);
+            for (int j = 0; j < 8; ++j) {
+                const uint8_t *sub = rec + 64 + j * sb, *lo = sub + 32, *hi = sub + 32 + 256;
+                for (int e = 0; e < 32; ++e) {
+                    const int v = e / 8, i = e % 4, high = (e % 8) >= 4;
+                    int q = (lo[v * 64 + 4 * r + i] >> (4 * high)) & 15;
+                    if (type == GGML_Q5_K) q |= ((hi[4 * r + i] >> (2 * v + high)) & 1) << 4;
+                    if (type == GGML_Q6_K) q |= ((hi[(v >> 1) * 64 + 4 * r + i] >> (4 * (v & 1) + 2 * high)) & 3) << 4;
+                    float x;
+                    if (type == GGML_Q6_K) x = d * (float)(int8_t)sub[e < 16 ? r : 16 + r] * (float)(q - 32);
+                    else x = d * (float)sub[r] * (float)q - dmin * (float)sub[16 + r];
+                    out[s * 256 + j * 32 + e] = x;
+                }
+            }
+        }
+        return;
+    }
     const int64_t nb = k / 32, g = row / G16;
     const int r = (int)(row % G16);
     for (int64_t b = 0; b < nb; ++b) {
@@ -470,7 +565,7 @@ static void repacked_row(int type, const uint8_t *wp, int64_t k, int64_t row, fl
 }
 
 int quant_rows16(int type, const uint8_t *wp, int64_t k, const int64_t *ids, int64_t n_ids, void *out, int out_bf16) {
-    if (!rec16_bytes(type) || k % 32) return -1;
+    if (!rec16_bytes(type) || k % qblock_elems(type)) return -1;
     for (int64_t i = 0; i < n_ids; ++i) {
         float v[k];
         repacked_row(type, wp, k, ids[i], v);
@@ -528,22 +623,101 @@ static inline __attribute__((always_inline)) void g16_tile(const int T, const in
     }
 }
 
+/* The same for a K-quant group (nb: k / 32; the records are per super-block of 256). Q4_K and
+   Q5_K: one scale and one min per sub-block (two chains: low and high nibbles); Q6_K: a scale
+   per half sub-block (chains: elements 0-15, 16-31), its -32 per half. */
+static inline __attribute__((always_inline)) void g16k_tile(const int T, const int rm, const uint8_t *wp, int64_t nb,
+        const int8_t *xq, int64_t k, const float *xd, const float *xs, __m512 *acc) {
+    const int rb = rec16_bytes(T), sbytes = k16_sub_bytes(T);
+    const __m512i low = _mm512_set1_epi8(0x0F), one = _mm512_set1_epi8(1), three = _mm512_set1_epi8(3);
+    for (int i = 0; i < rm; ++i) acc[i] = _mm512_setzero_ps();
+    for (int64_t s = 0; s < nb / 8; ++s) {
+        const uint8_t *rec = wp + s * rb;
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)rec));
+        const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(rec + 32)));
+        for (int j = 0; j < 8; ++j) {
+            const uint8_t *sub = rec + 64 + j * sbytes;
+            for (int f = 0; f < sbytes; f += 64) _mm_prefetch((const char *)(sub + 2 * sbytes + f), _MM_HINT_T0);
+            __m512 sa, sb = _mm512_setzero_ps(), of = _mm512_setzero_ps();
+            if (T == GGML_Q6_K) {
+                sa = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)sub))));
+                sb = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(sub + 16)))));
+            } else {
+                sa = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)sub))));
+                of = _mm512_sub_ps(_mm512_setzero_ps(),
+                    _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(sub + 16))))));
+            }
+            __m512i c0[RM_MAX], c1[RM_MAX];
+            for (int i = 0; i < rm; ++i) c0[i] = c1[i] = _mm512_setzero_si512();
+            const __m512i h0 = T == GGML_Q4_K ? _mm512_setzero_si512() : _mm512_loadu_si512((const void *)(sub + 32 + 256));
+            const __m512i h1 = T == GGML_Q6_K ? _mm512_loadu_si512((const void *)(sub + 32 + 256 + 64)) : _mm512_setzero_si512();
+            for (int p = 0; p < 4; ++p) {
+                const __m512i v = _mm512_loadu_si512((const void *)(sub + 32 + 64 * p));
+                __m512i vl = _mm512_and_si512(v, low), vh = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+                if (T == GGML_Q5_K) {
+                    const __m512i h = _mm512_srli_epi16(h0, 2 * p);
+                    vl = _mm512_or_si512(vl, _mm512_slli_epi16(_mm512_and_si512(h, one), 4));
+                    vh = _mm512_or_si512(vh, _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(h, 1), one), 4));
+                } else if (T == GGML_Q6_K) {
+                    __m512i h = p < 2 ? h0 : h1;
+                    if (p & 1) h = _mm512_srli_epi16(h, 4);
+                    vl = _mm512_or_si512(vl, _mm512_slli_epi16(_mm512_and_si512(h, three), 4));
+                    vh = _mm512_or_si512(vh, _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(h, 2), three), 4));
+                }
+                for (int i = 0; i < rm; ++i) {
+                    int32_t xa, xb;
+                    memcpy(&xa, xq + i * k + (s * 8 + j) * 32 + 8 * p, 4);
+                    memcpy(&xb, xq + i * k + (s * 8 + j) * 32 + 8 * p + 4, 4);
+                    if (T == GGML_Q6_K && p >= 2) {
+                        c1[i] = _mm512_dpbusd_epi32(c1[i], vl, _mm512_set1_epi32(xa));
+                        c1[i] = _mm512_dpbusd_epi32(c1[i], vh, _mm512_set1_epi32(xb));
+                    } else if (T == GGML_Q6_K) {
+                        c0[i] = _mm512_dpbusd_epi32(c0[i], vl, _mm512_set1_epi32(xa));
+                        c0[i] = _mm512_dpbusd_epi32(c0[i], vh, _mm512_set1_epi32(xb));
+                    } else {
+                        c0[i] = _mm512_dpbusd_epi32(c0[i], vl, _mm512_set1_epi32(xa));
+                        c1[i] = _mm512_dpbusd_epi32(c1[i], vh, _mm512_set1_epi32(xb));
+                    }
+                }
+            }
+            for (int i = 0; i < rm; ++i) {
+                const int64_t xb = s * 8 + j;
+                const __m512 dx = _mm512_set1_ps(xd[i * nb + xb]);
+                const float *xsp = xs + (i * nb + xb) * 4;
+                if (T == GGML_Q6_K) {
+                    acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(c0[i]), _mm512_mul_ps(sa, dx), acc[i]);
+                    acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(c1[i]), _mm512_mul_ps(sb, dx), acc[i]);
+                    acc[i] = _mm512_fmadd_ps(sa, _mm512_set1_ps(-32.0f * xsp[0]), acc[i]);
+                    acc[i] = _mm512_fmadd_ps(sb, _mm512_set1_ps(-32.0f * xsp[1]), acc[i]);
+                } else {
+                    acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(c0[i], c1[i])), _mm512_mul_ps(sa, dx), acc[i]);
+                    acc[i] = _mm512_fmadd_ps(of, _mm512_set1_ps(xsp[2]), acc[i]);
+                }
+            }
+        }
+    }
+}
+
 typedef void (*g16_fn)(const uint8_t *, int64_t, const int8_t *, int64_t, const float *, const float *, __m512 *);
 #define G16FN(T, M) static void g16_##T##_##M(const uint8_t *wp, int64_t nb, const int8_t *xq, int64_t k, \
     const float *xd, const float *xs, __m512 *acc) { g16_tile(T, M, wp, nb, xq, k, xd, xs, acc); }
 #define G16FNS(T) G16FN(T, 1) G16FN(T, 2) G16FN(T, 3) G16FN(T, 4)
-G16FNS(GGML_Q4_0) G16FNS(GGML_Q4_1) G16FNS(GGML_Q8_0)
-static const g16_fn G16_Q4_0[5] = {0, g16_GGML_Q4_0_1, g16_GGML_Q4_0_2, g16_GGML_Q4_0_3, g16_GGML_Q4_0_4},
-    G16_Q4_1[5] = {0, g16_GGML_Q4_1_1, g16_GGML_Q4_1_2, g16_GGML_Q4_1_3, g16_GGML_Q4_1_4},
-    G16_Q8_0[5] = {0, g16_GGML_Q8_0_1, g16_GGML_Q8_0_2, g16_GGML_Q8_0_3, g16_GGML_Q8_0_4};
+#define G16KFN(T, M) static void g16_##T##_##M(const uint8_t *wp, int64_t nb, const int8_t *xq, int64_t k, \
+    const float *xd, const float *xs, __m512 *acc) { g16k_tile(T, M, wp, nb, xq, k, xd, xs, acc); }
+#define G16KFNS(T) G16KFN(T, 1) G16KFN(T, 2) G16KFN(T, 3) G16KFN(T, 4)
+G16FNS(GGML_Q4_0) G16FNS(GGML_Q4_1) G16FNS(GGML_Q8_0) G16KFNS(GGML_Q4_K) G16KFNS(GGML_Q5_K) G16KFNS(GGML_Q6_K)
+#define G16TAB(T) {0, g16_##T##_1, g16_##T##_2, g16_##T##_3, g16_##T##_4}
+static const g16_fn G16_Q4_0[5] = G16TAB(GGML_Q4_0), G16_Q4_1[5] = G16TAB(GGML_Q4_1), G16_Q8_0[5] = G16TAB(GGML_Q8_0),
+    G16_Q4_K[5] = G16TAB(GGML_Q4_K), G16_Q5_K[5] = G16TAB(GGML_Q5_K), G16_Q6_K[5] = G16TAB(GGML_Q6_K);
 
 /* y[m, n] = x @ W^T on a repacked W (quant_repack16), x as quant_x left it. Threads split the
    16-row groups; each output is one lane's sum over k in block order, whatever m or thread. */
 int quant_linear16(int type, const int8_t *xq, const float *xd, const float *xs, int64_t m, int64_t k,
                    const uint8_t *wp, int64_t n, void *y, int64_t ldy, int y_bf16) {
-    const g16_fn *tab = type == GGML_Q4_0 ? G16_Q4_0 : type == GGML_Q4_1 ? G16_Q4_1 : type == GGML_Q8_0 ? G16_Q8_0 : 0;
-    if (!tab || k <= 0 || k % 32 || m < 0 || n < 0) return -1;
-    const int64_t nb = k / 32, groups = (n + G16 - 1) / G16, rec_group = nb * rec16_bytes(type);
+    const g16_fn *tab = type == GGML_Q4_0 ? G16_Q4_0 : type == GGML_Q4_1 ? G16_Q4_1 : type == GGML_Q8_0 ? G16_Q8_0
+        : type == GGML_Q4_K ? G16_Q4_K : type == GGML_Q5_K ? G16_Q5_K : type == GGML_Q6_K ? G16_Q6_K : 0;
+    if (!tab || k <= 0 || k % qblock_elems(type) || m < 0 || n < 0) return -1;
+    const int64_t nb = k / 32, groups = (n + G16 - 1) / G16, rec_group = k / qblock_elems(type) * rec16_bytes(type);
     OMP(omp parallel num_threads(kernel_nthreads) if (groups >= 2))
     for (int64_t m0 = 0; m0 < m; m0 += X_BLOCK_ROWS) {
         const int64_t m1 = m - m0 < X_BLOCK_ROWS ? m : m0 + X_BLOCK_ROWS;
