@@ -128,7 +128,7 @@ def test_background_response_survives_a_killed_worker_and_gateway(stack, tmp_pat
     r = redis.Redis.from_url(stack.url)
     try:
         for w in workers.values():
-            w.wait_ready(240)
+            w.wait_ready(480)  # generous: two workers load at once, on a machine that may be busy
         gw_a = GatewayProc(stack.url, tmp_path)
         client_a = OpenAI(base_url=f"{gw_a.url}/v1", api_key="unused", max_retries=0, timeout=120)
         stream = client_a.responses.create(model=model, input="Tell me everything", background=True, stream=True,
