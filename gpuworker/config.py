@@ -83,6 +83,11 @@ class EngineConfig:
     # when the request does not say: "last" (the last token, as decoder-only embedding
     # models are trained) or "mean" (over every prompt position).
     pooling: str = "last"
+    # Weights of an HF folder quantized at load (gpuworker/models/weight_quantization.py): None,
+    # "int8" or "int4" (CPU: Q8_0 / Q4_0 blocks on the quantized CPU kernels; CUDA: the weight-only
+    # Triton matmul) or "fp8" (CUDA: e4m3 with a scale per output channel). A GGUF file's weights
+    # are already quantized and run as stored.
+    quantization: Optional[str] = None
 
     # Default KV budget on CPU, where there is no memory profiling to do.
     CPU_KV_CACHE_BYTES = 2 * 1024**3
@@ -100,6 +105,10 @@ class EngineConfig:
             from inferq.schemas.reasoning import reasoning_format
 
             reasoning_format(self.reasoning_parser)  # ValueError naming the families
+        if self.quantization is not None:
+            from inferq.gpuworker.models.weight_quantization import check_method
+
+            check_method(self.quantization)
         if self.pooling not in ("mean", "last"):
             raise ValueError(f"pooling must be 'mean' or 'last', got {self.pooling!r}")
         if self.speculative is not None:

@@ -65,6 +65,13 @@ class LLMEngine:
         self.model_config = loaded.config
         self.tokenizer = loaded.tokenizer
         self.model_name = config.served_model_name or loaded.name
+        if config.quantization is not None:
+            if loaded.path.suffix == ".gguf":
+                raise ValueError("quantization applies to an HF folder's weights; a GGUF file's run as stored")
+            from inferq.gpuworker.models.weight_quantization import quantize_model
+
+            kernels = "triton" if self._cuda or self.backend.name == "triton" else "cpu"
+            log.info("weights quantized at load: %s", quantize_model(self.model, config.quantization, kernels))
         if config.prepack_weights is not False and self.device.type == "cpu" and hasattr(self.model, "prepack_cpu_weights"):
             # The matmul kernels are C kernels: cpu_kernels=False keeps oneDNN's packing (bf16) or none.
             packing = self.model.prepack_cpu_weights(kernels=config.cpu_kernels is not False)

@@ -36,7 +36,8 @@ def use_batch_invariant_kernels(model) -> bool:
         return False
     for layer in model.layers:
         for name, attr in model._PROJECTIONS.items():
-            layer.packed[name] = InvariantLinear(getattr(layer, attr))
+            if getattr(layer, attr) is not None:  # else quantized at load (a weight-only kernel, invariant too)
+                layer.packed[name] = InvariantLinear(getattr(layer, attr))
         layer.rms_norm = invariant_rms_norm
     model.packed_lm_head = InvariantLinear(model.lm_head)
     return True

@@ -28,7 +28,7 @@ def _engine_default(knob: str):
 # Worker settings that are EngineConfig knobs of the same name: the one mapping
 # from settings to engine (see engine_config).
 ENGINE_KNOBS = ("attention_backend", "block_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len",
-                "num_kv_blocks", "dtype", "device", "gpu_memory_utilization", "cuda_graphs", "batch_invariant", "pooling",
+                "num_kv_blocks", "dtype", "device", "gpu_memory_utilization", "cuda_graphs", "batch_invariant", "pooling", "quantization",
                 "reasoning_parser")
 
 
@@ -52,6 +52,7 @@ class WorkerSettings(QueuePolicy):
     gpu_memory_utilization: float = Field(_engine_default("gpu_memory_utilization"), gt=0.0, le=1.0, description="CUDA: share of the whole GPU this worker plans for; what other processes use comes out of it")
     cuda_graphs: bool = Field(_engine_default("cuda_graphs"), description="CUDA: replay decode steps from captured CUDA graphs (false: eager, as vLLM's --enforce-eager)")
     batch_invariant: bool = Field(_engine_default("batch_invariant"), description="GPU: a job's tokens do not depend on the jobs beside it (fixed-order Triton attention, matmuls, RMSNorm), so a migrated or regenerated job gives the same tokens; false: cuBLAS and split-K by batch, faster, not invariant (the CPU path is invariant either way)")
+    quantization: Optional[str] = Field(_engine_default("quantization"), description="an HF folder's weights quantized at load: int8 | int4 (CPU or CUDA) | fp8 (CUDA); default none (a GGUF runs as stored)")
     dtype: Optional[str] = Field(_engine_default("dtype"), description="auto (default: bfloat16 on CUDA or a CPU with AVX512-BF16/AMX, else float32) | float32 | bfloat16 | float16")
     torch_threads: Optional[int] = Field(None, ge=1, description="CPU compute threads (default: $OMP_NUM_THREADS, else all cores but one, left to the queue and reply work as vLLM leaves one to its front end)")
     cpu_threads_bind: str = Field("auto", description="CPU each compute thread is pinned to: auto (with 2+ threads: one per physical core of one NUMA node, its first core left free) | off | a list such as 0-3,8 (inferq_kernels/cpu/binding.py)")
