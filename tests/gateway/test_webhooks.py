@@ -2,9 +2,11 @@
 processes (one is killed with SIGKILL mid-run), and a receiver process that
 verifies every delivery with the official SDK's ``client.webhooks.unwrap``.
 
-1,000 jobs end while the receiver is down for part of the run and the gateway
-is replaced by a new process: every event arrives verified, none is lost, and
-the duplicates a crash may cause carry the same ``webhook-id``."""
+1,000 jobs end while the gateway is killed in the middle of deliveries (the
+receiver got them, the gateway never heard back), the receiver is down for part
+of the run and a new gateway process takes over: every event arrives verified,
+none is lost, and the deliveries the crash interrupted arrive again under the
+same ``webhook-id`` with the same body."""
 from __future__ import annotations
 
 import json
@@ -49,7 +51,7 @@ class Receiver:
     """tests/gateway/webhook_receiver.py as a process; stop() and start() again on the same port."""
 
     def __init__(self, tmp: Path, failing: bool = False):
-        self.port, self.failing = free_port(), failing
+        self.port, self.failing, self.holding = free_port(), failing, False
         self.log = tmp / f"received-{self.port}.jsonl"
         self.secret_file = tmp / f"secret-{self.port}"
         self.proc = None
@@ -60,7 +62,8 @@ class Receiver:
 
     def start(self) -> "Receiver":
         args = [sys.executable, "-m", "tests.gateway.webhook_receiver", str(self.port), str(self.secret_file), str(self.log)]
-        self.proc = subprocess.Popen(args + (["fail"] if self.failing else []), cwd=REPO, stdout=subprocess.PIPE,
+        mode = ["fail"] if self.failing else (["hold"] if self.holding else [])
+        self.proc = subprocess.Popen(args + mode, cwd=REPO, stdout=subprocess.PIPE,
                                      env=dict(os.environ, PYTHONPATH=str(REPO)))
         assert self.proc.stdout.readline().strip() == b"ready"
         return self
@@ -86,7 +89,7 @@ class Gateway:
         full = dict(os.environ, PYTHONPATH=str(REPO), INFERQ_REDIS_URL=redis_url,
                     INFERQ_GATEWAY_FILES_DIR=str(tmp / "files"), INFERQ_GATEWAY_WEBHOOK_ALLOW_HTTP="true",
                     INFERQ_GATEWAY_WEBHOOK_BACKOFF_S="0.2", INFERQ_GATEWAY_WEBHOOK_BACKOFF_MAX_S="1",
-                    INFERQ_GATEWAY_WEBHOOK_TIMEOUT_S="10", INFERQ_GATEWAY_WEBHOOK_CLAIM_IDLE_S="2",
+                    INFERQ_GATEWAY_WEBHOOK_TIMEOUT_S="5", INFERQ_GATEWAY_WEBHOOK_CLAIM_IDLE_S="2",
                     **{f"INFERQ_GATEWAY_{k.upper()}": v for k, v in env.items()})
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen([sys.executable, "-m", "inferq.producer.gateway", "--host", "127.0.0.1",
@@ -132,11 +135,14 @@ def dead_letters(r: redis.Redis, tenant: str) -> list[dict]:
 def test_a_thousand_jobs_every_event_delivered_verified_through_receiver_outage_and_gateway_kill(stack, tmp_path):
     r = redis.Redis.from_url(stack.url)
     tenant = f"acme-{time.time_ns()}"
-    g1 = Gateway(tmp_path, stack.url, api_keys=f"k-acme:{tenant}")
+    # Attempts never run out here, however long the outage lasts on a slow machine.
+    g1 = Gateway(tmp_path, stack.url, api_keys=f"k-acme:{tenant}", webhook_max_attempts="100000")
     receiver = None
     g2 = None
     try:
-        receiver = Receiver(tmp_path).start()
+        receiver = Receiver(tmp_path)
+        receiver.holding = True  # deliveries are logged, never answered: g1 dies in the middle of them
+        receiver.start()
         ep = g1.client("k-acme").webhooks.create(
             url=receiver.url, name="receiver",
             event_types=["job.completed", "response.completed", "response.incomplete"])
@@ -157,14 +163,15 @@ def test_a_thousand_jobs_every_event_delivered_verified_through_receiver_outage_
             return sum(1 for jid, _ in jobs if r.hget(keys.job_info(jid), "status") in (b"done", b"error"))
 
         submit(300)
-        wait_for(lambda: len(receiver.received()) >= 50, 120, "the first deliveries")
-        receiver.stop()  # endpoint down: deliveries fail and are retried
+        held = wait_for(lambda: (lambda xs: xs if len(xs) >= 20 else None)(receiver.received()), 120,
+                        "deliveries in flight")
+        g1.kill()  # with deliveries received but unanswered, records read and deliveries leased
+        receiver.stop()  # and the endpoint down: deliveries fail and are retried
+        receiver.holding = False
         submit(300)
-        wait_for(lambda: ended() >= 450, 180, "jobs to end while the receiver is down")
-        g1.kill()  # mid-run: records read and deliveries leased by this process must not be lost
+        g2 = Gateway(tmp_path, stack.url, api_keys=f"k-acme:{tenant}", webhook_max_attempts="100000")
+        wait_for(lambda: ended() >= 550, 180, "jobs to end with the new gateway")
         submit(400)
-        g2 = Gateway(tmp_path, stack.url, api_keys=f"k-acme:{tenant}")
-        wait_for(lambda: ended() >= 800, 180, "jobs to end with the new gateway")
         receiver.start()
         wait_for(lambda: ended() == len(jobs), 180, "every job to end")
 
@@ -184,6 +191,10 @@ def test_a_thousand_jobs_every_event_delivered_verified_through_receiver_outage_
         assert len(by_event) == len(expected)
         assert all(len(ids) == 1 for ids in by_event.values())
         assert all(len(b) == 1 for b in bodies.values())
+        # The deliveries g1 died in the middle of were sent again by g2, under the same webhook-id.
+        seen = [x["webhook_id"] for x in got]
+        assert dead_letters(r, tenant) == []
+        assert all(seen.count(x["webhook_id"]) >= 2 for x in held)
         duplicates = len(got) - len(by_event)
         print(f"\n{len(jobs)} jobs, {len(by_event)} events, {len(got)} deliveries ({duplicates} duplicates)")
         wait_for(lambda: outbox_empty(r), 60, "the outbox to drain")

@@ -1,12 +1,13 @@
 """A webhook receiver for the webhook tests, run as its own process:
-``python -m tests.gateway.webhook_receiver PORT SECRET_FILE LOG [fail]``.
+``python -m tests.gateway.webhook_receiver PORT SECRET_FILE LOG [fail|hold]``.
 
 Every POST is checked with the official SDK, ``OpenAI(webhook_secret=...).webhooks.unwrap``
 with the endpoint's secret, read from SECRET_FILE (written once the endpoint is registered);
 a delivery that passes is appended to LOG as one JSON line (webhook-id, event id,
 type, data id) and answered 200, one that does not is answered 400 (the sender
 retries it and, in the end, dead-letters it). With ``fail`` every POST is answered
-500 (an endpoint that is permanently broken).
+500 (an endpoint that is permanently broken); with ``hold`` a verified delivery is
+logged and then never answered (the sender is stuck mid-delivery, e.g. to be killed).
 """
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ import openai
 
 def main() -> None:
     port, secret_file, log_path = int(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
-    failing = len(sys.argv) > 4 and sys.argv[4] == "fail"
+    mode = sys.argv[4] if len(sys.argv) > 4 else ""
+    failing, holding = mode == "fail", mode == "hold"
     lock = threading.Lock()
     log = open(log_path, "a", encoding="utf-8")
 
@@ -48,6 +50,8 @@ def main() -> None:
             with lock:
                 log.write(json.dumps(line) + "\n")
                 log.flush()
+            if holding:
+                threading.Event().wait()  # never answers: the process is killed with the request open
             self._answer(200, b"ok")
 
         def _answer(self, status: int, text: bytes) -> None:
