@@ -83,13 +83,11 @@ def _greedy(monkeypatch, weights: str, activations: str | None = None) -> list[l
     monkeypatch.setenv("INFERQ_GGUF_WEIGHTS", weights)
     if activations:
         monkeypatch.setenv(ql.ACTIVATIONS_ENV, activations)
-    llm = LLM(str(bundled_model_path()), dtype="float32")  # the dequantized twin exact (bf16 would round it)
-    try:
-        assert (llm.engine.model.packing == "gguf-native") == (weights == "native")
-        outs = llm.generate(PROMPTS, SamplingParams(max_tokens=24, temperature=0))
-        return [o.token_ids for o in outs]
-    finally:
-        llm.engine.shutdown() if hasattr(llm.engine, "shutdown") else None
+    # float32: the dequantized twin exact (bf16 would round it); a small KV cache (the machine is shared)
+    llm = LLM(str(bundled_model_path()), dtype="float32", num_kv_blocks=64, max_num_seqs=4)
+    assert (llm.engine.model.packing == "gguf-native") == (weights == "native")
+    outs = llm.generate(PROMPTS, SamplingParams(max_tokens=24, temperature=0))
+    return [o.token_ids for o in outs]
 
 
 def test_greedy_tokens_native_float_activations_equal_dequantized(monkeypatch):
