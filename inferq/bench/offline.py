@@ -154,6 +154,8 @@ def parse_args(argv=None):
     p.add_argument("--repeats", type=int, default=1, help="runs per system; the median is reported")
     p.add_argument("--dtype", default=None, help="auto (default: bfloat16 on CUDA or CPUs with AVX512-BF16/AMX, else float32) | float32 | bfloat16 | float16")
     p.add_argument("--device", default=None)
+    p.add_argument("--quantization", default=None, choices=["int8", "int4", "fp8"],
+                   help="quantize an HF folder's weights at load (inferq's side only; the HF peers stay unquantized)")
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
     p.add_argument("--static-batch-size", type=int, default=16)
@@ -207,7 +209,7 @@ def main(argv=None) -> int:
         args.model = str(random_folder(args))
 
     llm = LLM(
-        model=args.model, dtype=args.dtype, device=args.device,
+        model=args.model, dtype=args.dtype, device=args.device, quantization=args.quantization,
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         enable_prefix_caching=False,  # random prompts share nothing; keep the comparison about batching
     )
