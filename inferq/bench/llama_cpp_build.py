@@ -37,24 +37,24 @@ def cache_dir(version: str = LLAMA_CPP_PYTHON) -> Path:
     return root / "llama.cpp" / version
 
 
-def _has_tools(folder: Path) -> bool:
-    return all((folder / t).is_file() and os.access(folder / t, os.X_OK) for t in TOOLS)
+def _has_tools(folder: Path, needed: tuple[str, ...]) -> bool:
+    return all((folder / t).is_file() and os.access(folder / t, os.X_OK) for t in needed)
 
 
-def find_tools(llama_cpp_dir: Optional[str] = None) -> Optional[Path]:
-    """The folder holding all three tools: ``llama_cpp_dir`` (itself, its bin/ or
+def find_tools(llama_cpp_dir: Optional[str] = None, needed: tuple[str, ...] = TOOLS) -> Optional[Path]:
+    """The folder holding the ``needed`` tools: ``llama_cpp_dir`` (itself, its bin/ or
     build/bin/), else the PATH, else the cached build; None when none has them."""
     if llama_cpp_dir:
         base = Path(llama_cpp_dir).expanduser()
         for folder in (base, base / "bin", base / "build" / "bin"):
-            if _has_tools(folder):
+            if _has_tools(folder, needed):
                 return folder
-        raise FileNotFoundError(f"{base} holds no {', '.join(TOOLS)} (looked in it, bin/ and build/bin/)")
-    found = [shutil.which(t) for t in TOOLS]
+        raise FileNotFoundError(f"{base} holds no {', '.join(needed)} (looked in it, bin/ and build/bin/)")
+    found = [shutil.which(t) for t in needed]
     if all(found) and len({Path(f).parent for f in found}) == 1:
         return Path(found[0]).parent
     built = cache_dir() / "build" / "bin"
-    return built if _has_tools(built) else None
+    return built if _has_tools(built, needed) else None
 
 
 def _run(cmd: list[str], log: Path, cwd: Optional[Path] = None) -> None:
@@ -99,9 +99,9 @@ def build(version: str = LLAMA_CPP_PYTHON, jobs: Optional[int] = None) -> Path:
     return build_dir / "bin"
 
 
-def tools(llama_cpp_dir: Optional[str] = None, allow_build: bool = True) -> Path:
-    """find_tools, building them into the cache when nothing is found."""
-    found = find_tools(llama_cpp_dir)
+def tools(llama_cpp_dir: Optional[str] = None, needed: tuple[str, ...] = TOOLS, allow_build: bool = True) -> Path:
+    """find_tools, building all three into the cache when the needed ones are not found."""
+    found = find_tools(llama_cpp_dir, needed)
     if found is not None:
         return found
     if not allow_build:

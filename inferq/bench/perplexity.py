@@ -26,6 +26,8 @@ that logits file are compared with inferq's tokenization of the text.
 from __future__ import annotations
 
 import argparse
+import gc
+import math
 import os
 import re
 import struct
@@ -89,28 +91,42 @@ def read_logits_tokens(path: Path) -> tuple[int, list[int]]:
 
 @dataclass
 class Scores:
-    """Log-probabilities of every scored position of every window, [positions, vocab]."""
+    """Sums over the scored positions of a model's windows; with ``keep``, also each
+    window's log-probability rows (the reference: [positions, vocab] float32 each)."""
 
-    logprobs: "object"  # torch.Tensor, float32
-    targets: list[int] = field(default_factory=list)
+    count: int = 0
+    nll: float = 0.0
+    kl: float = 0.0
+    same_top: int = 0
+    rows: list = field(default_factory=list)
 
-    def ppl(self) -> float:
+    def add(self, logp, targets: list[int], ref_rows=None, keep: bool = False) -> None:
+        """One window's scored rows; KL(ref || model) and top-1 agreement when ``ref_rows``."""
         import torch
 
-        t = torch.tensor(self.targets)
-        return float(torch.exp(-self.logprobs[torch.arange(len(t)), t].double().mean()))
+        t = torch.tensor(targets)
+        self.count += len(targets)
+        self.nll -= float(logp[torch.arange(len(t)), t].double().sum())
+        if ref_rows is not None:
+            lr = ref_rows.double()
+            self.kl += float((lr.exp() * (lr - logp.double())).sum())
+            self.same_top += int((logp.argmax(-1) == ref_rows.argmax(-1)).sum())
+        if keep:
+            self.rows.append(logp)
 
-    def against(self, ref: "Scores") -> dict:
+    def ppl(self) -> float:
+        return math.exp(self.nll / self.count)
+
+    def against_ref(self) -> dict:
         """Mean KL(ref || self) in nats and how often both rank the same token first."""
-        lp, lr = self.logprobs.double(), ref.logprobs.double()
-        kl = (lr.exp() * (lr - lp)).sum(-1)
-        same = (lp.argmax(-1) == lr.argmax(-1)).double().mean()
-        return {"kl": float(kl.mean()), "same_top": float(same)}
+        return {"kl": self.kl / self.count, "same_top": self.same_top / self.count}
 
 
-def inferq_scores(model: Path, dtype: str, gguf_weights: str, wins: list[list[int]], threads: int) -> Scores:
-    """Run every window through the offline engine as one prompt; keep the full
-    log-softmax rows of its scored positions. ``gguf_weights``: dequantize or native."""
+def inferq_scores(model: Path, dtype: str, gguf_weights: str, wins: list[list[int]], threads: int,
+                  ref: Optional[Scores] = None) -> Scores:
+    """Run every window through the offline engine as one prompt and score the full
+    log-softmax rows of its scored positions, against ``ref``'s rows when given (else
+    keeping them: this is the reference). ``gguf_weights``: dequantize or native."""
     import torch
 
     from inferq.bench.llama_cpp_peer import GGUF_WEIGHTS_ENV
@@ -132,10 +148,10 @@ def inferq_scores(model: Path, dtype: str, gguf_weights: str, wins: list[list[in
         return logits
 
     engine_model.compute_logits = recording
-    rows, targets = [], []
+    scores = Scores()
     params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True, prompt_logprobs=0)
     try:
-        for win in wins:
+        for w, win in enumerate(wins):
             recorded.clear()
             out = llm.generate([win], params)[0]
             logits = torch.cat(recorded)[: ctx - 1]  # position j predicts token j + 1
@@ -148,12 +164,13 @@ def inferq_scores(model: Path, dtype: str, gguf_weights: str, wins: list[list[in
             if max(abs(a - b) for a, b in zip(got, want)) > 1e-3:
                 raise RuntimeError(f"recorded logits disagree with the engine's prompt logprobs: {got} vs {want}")
             first = ctx // 2
-            rows.append(logp[first: ctx - 1].clone())
-            targets += scored_targets(win)
+            scores.add(logp[first: ctx - 1].clone(), scored_targets(win), None if ref is None else ref.rows[w],
+                       keep=ref is None)
     finally:
         engine_model.compute_logits = compute_logits
     del llm
-    return Scores(torch.cat(rows), targets)
+    gc.collect()
+    return scores
 
 
 def run_llama_perplexity(bin_dir: Path, args: list[str], threads: int) -> str:
@@ -216,7 +233,7 @@ def main(argv=None) -> int:
     from inferq.bench.llama_cpp_build import tools
     from inferq.gpuworker.models.loader import load_tokenizer, resolve_model_folder
 
-    bin_dir = None if args.no_llama_cpp else tools(args.llama_cpp_dir)
+    bin_dir = None if args.no_llama_cpp else tools(args.llama_cpp_dir, needed=("llama-quantize", "llama-perplexity"))
     files = model_files(args, bin_dir)
     text = Path(args.text).read_text(encoding="utf-8")
     folder = resolve_model_folder(str(files[SOURCE_TYPE]))[0]
@@ -256,12 +273,12 @@ def main(argv=None) -> int:
         for q in args.quant_list:
             for mode in modes:
                 try:
-                    s = inferq_scores(files[q], *OUR_MODES[mode], wins, args.threads)
+                    s = inferq_scores(files[q], *OUR_MODES[mode], wins, args.threads, ref=ref)
                 except Exception as e:  # noqa: BLE001 - e.g. a type the native kernels lack: one row says so
                     rows.append((q, mode, None, {"error": f"{type(e).__name__}: {e}"}))
                     print(f"inferq {q} {mode}: failed: {e}", flush=True)
                     continue
-                rows.append((q, mode, s.ppl(), s.against(ref)))
+                rows.append((q, mode, s.ppl(), s.against_ref()))
                 print(f"inferq {q} {mode}: PPL {rows[-1][2]:.4f}, KL {rows[-1][3]['kl']:.5f}", flush=True)
                 del s
     print()
