@@ -26,15 +26,10 @@ from inferq.producer import Producer
 from inferq.schemas import keys
 from inferq.schemas.completion_events import event_id
 from tests.conftest import free_port
-from tests.gateway.stack import TINY, shared_stack
+from tests.gateway.stack import TINY
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.timeout(600)
-
-
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory):
-    return shared_stack(tmp_path_factory)
 
 
 def wait_for(cond, timeout: float, what: str, every: float = 0.1):

@@ -17,15 +17,10 @@ from openai import OpenAI
 
 from inferq.schemas import keys
 from inferq.producer.gateway.webhooks.endpoints import new_secret
-from tests.gateway.stack import TINY, running_gateway, shared_stack
+from tests.gateway.stack import TINY, running_gateway
 from tests.gateway.test_webhooks import Receiver, wait_for
 
 pytestmark = pytest.mark.timeout(300)
-
-
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory):
-    return shared_stack(tmp_path_factory)
 
 
 def client(url: str, key: str) -> OpenAI:
