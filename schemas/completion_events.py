@@ -32,8 +32,9 @@ BATCH_EVENTS = ("batch.completed", "batch.failed", "batch.cancelled", "batch.exp
 JOB_EVENTS = ("job.completed", "job.failed", "job.cancelled")
 EVENT_TYPES = RESPONSE_EVENTS + BATCH_EVENTS + JOB_EVENTS
 
-# Finish reasons after which a Responses API response is "incomplete" (cut short), not "completed".
-_INCOMPLETE = frozenset({"length", "deadline", "abort"})
+# A Responses API response's status by the finish reason of a job that ended "done"
+# (the statuses GET /v1/responses/{id} reports, producer/gateway/responses_format.py).
+_RESPONSE_BY_REASON = {"length": "incomplete", "abort": "cancelled", "deadline": "failed"}
 
 
 def job_record(job_id: str, tenant: Optional[str], status: str, reason: str, route: Optional[str],
@@ -98,8 +99,8 @@ class CompletionEvent:
             return []
         out = [(f"job.{outcome}", self.id)]
         if self.route == "responses":
-            if outcome == "completed" and self.reason in _INCOMPLETE:
-                outcome = "incomplete"
+            if outcome == "completed":
+                outcome = _RESPONSE_BY_REASON.get(self.reason, "completed")
             out.append((f"response.{outcome}", "resp_" + self.id))
         return out
 

@@ -110,6 +110,7 @@ def test_records_map_to_openai_event_types():
                                                                         ("response.completed", "resp_j")]
     assert types(job_record("j", "t", "done", "length", "responses"))[1] == ("response.incomplete", "resp_j")
     assert types(job_record("j", "t", "cancelled", "abort", "responses"))[1] == ("response.cancelled", "resp_j")
+    assert types(job_record("j", "t", "done", "deadline", "responses"))[1] == ("response.failed", "resp_j")
     assert types(job_record("j", "t", "error", "bad", "responses"))[1] == ("response.failed", "resp_j")
     assert types(job_record("j", "t", "done", "stop", "chat.completions")) == [("job.completed", "j")]
     assert types(batch_record("batch_1", "t", "expired")) == [("batch.expired", "batch_1")]

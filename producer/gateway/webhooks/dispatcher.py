@@ -68,6 +68,7 @@ class Dispatcher:
         self._tasks: list[asyncio.Task] = []
         self._sending: dict[asyncio.Task, tuple[str, str]] = {}
         self._http: Optional[httpx.AsyncClient] = None
+        self._last_reclaim = self._last_sweep = 0.0  # monotonic times of the housekeeping's slower jobs
 
     def start(self) -> None:
         self._http = httpx.AsyncClient(timeout=self.policy.timeout_s, follow_redirects=False)
@@ -220,10 +221,10 @@ class Dispatcher:
     # -- housekeeping --------------------------------------------------------------
     async def _housekeeping_round(self) -> bool:
         now = time.monotonic()
-        if now - getattr(self, "_last_reclaim", 0.0) >= min(5.0, self.policy.claim_idle_s):
+        if now - self._last_reclaim >= min(5.0, self.policy.claim_idle_s):
             self._last_reclaim = now
             await self._reclaim()
-        if now - getattr(self, "_last_sweep", 0.0) >= 30.0:
+        if now - self._last_sweep >= 30.0:
             self._last_sweep = now
             await batch_events.sweep(self.redis)
             await self._forget_dead_consumers()
