@@ -34,8 +34,10 @@ SWITCH_TEMPLATE = (_TURNS + "{%- if add_generation_prompt %}{{- '<|im_start|>ass
                    "{{- '<think>\\n\\n</think>\\n\\n' }}{%- else %}{{- '<think>\\n' }}{%- endif %}{%- endif %}")
 
 
-def save_thinking_model(folder: Path, template: str, seed: int = 0) -> Path:
-    folder = save_tiny_model("qwen3", Path(folder), seed=seed)
+def save_thinking_model(folder: Path, template: str, seed: int = 0, **overrides) -> Path:
+    """``overrides`` go to the transformers config: ``tie_word_embeddings=False`` gives
+    varied greedy text (tied, the random model mostly repeats its last prompt token)."""
+    folder = save_tiny_model("qwen3", Path(folder), seed=seed, **overrides)
     path = folder / "tokenizer.json"
     tok = json.loads(path.read_text())
     renames = {THINK_ID: "<think>", END_THINK_ID: "</think>"}

@@ -89,7 +89,7 @@ def folded_body(spec: ResponseSpec, asm: Assembly, info: Optional[dict], cancel_
 
     info = info or {}
     outcome = outcome_of(asm, info.get("status"), cancel_requested)
-    output = output_items(spec.job_id, spec.tool_plan(), asm, outcome.item_status)
+    output = output_items(spec.job_id, spec.tool_plan(), asm, outcome.item_status, spec.reasoning_format())
     return response_body(spec, outcome, output, asm.usage, completed_at=info.get("finished_at"))
 
 
@@ -99,7 +99,7 @@ class ResponseEvents:
     def __init__(self, spec: ResponseSpec):
         self.spec = spec
         self.asm = Assembly(check_shown=True)  # what was streamed stays streamed (a diverging attempt is an error)
-        self.builder = OutputBuilder(spec.job_id, spec.tool_plan())
+        self.builder = OutputBuilder(spec.job_id, spec.tool_plan(), spec.reasoning_format())
         self.seq = 0
         self.started = False
         self.ended = False

@@ -19,6 +19,7 @@ from inferq.producer.gateway.openai_structured import JsonSchemaFormat, Response
 from inferq.producer.gateway.responses_input import items_to_messages, normalize_input
 from inferq.producer.gateway.responses_schemas import ResponseRequest, refuse_unsupported
 from inferq.producer.gateway.responses_spec import ResponseSpec
+from inferq.producer.gateway.reasoning import families
 from inferq.producer.gateway.runner import Context, make_job
 
 Resolver = Callable[[Optional[str]], Awaitable[str]]
@@ -84,6 +85,7 @@ async def prepare_response(ctx: Context, req: ResponseRequest, resolve: Resolver
     check_prompt_size(ctx.settings, messages=messages)
 
     model = await resolve(req.model)
+    thinking = await families(ctx).of(model)
     fmt = req.text.format if req.text is not None and req.text.format is not None else None
     spec = ResponseSpec(
         job_id=job_id, model=model, created_at=int(time.time()), tenant=tenant, background=background, store=store,
@@ -92,6 +94,7 @@ async def prepare_response(ctx: Context, req: ResponseRequest, resolve: Resolver
         text_format=fmt.echo() if fmt is not None else {"type": "text"},
         tools=[t.echo() for t in req.tools or []], tool_choice=_tool_choice(req.tool_choice),
         parallel_tool_calls=req.parallel_tool_calls is not False, tool_parser=ctx.settings.tool_parser,
+        reasoning_parser=thinking.name if thinking is not None else None,
         metadata=req.metadata or {}, previous_response_id=req.previous_response_id, user=req.user,
         service_tier=req.service_tier, input_items=items, conversation=conversation)
 

@@ -6,13 +6,17 @@ The text goes through the request's tool-call parser (none without tools):
 consecutive content becomes one ``message`` item, each call a ``function_call``
 item. Ids are functions of the job id and the item's position, so every gateway
 process builds the same items (and the same events) from the same reply stream.
-Other kinds of output items (reasoning) belong here, beside these two.
+A thinking model's ``<think>`` block (the request's reasoning family, as on the chat
+route) comes first as a ``reasoning`` item (its text in ``content``, type
+``reasoning_text``; no ``summary``: nothing summarises it), streamed as
+``response.reasoning_text.delta`` events.
 """
 from __future__ import annotations
 
 from typing import Optional
 
 from inferq.schemas.fold import Assembly
+from inferq.schemas.reasoning import ReasoningFormat, ReasoningSplitter
 from inferq.producer.gateway.openai_tools import ToolPlan
 from inferq.producer.gateway.tool_parsers import ArgsDelta, CallStart, Content
 
@@ -21,8 +25,9 @@ class OutputBuilder:
     """Feed the job's text piece by piece; each call returns the stream events
     (without ``sequence_number``) the piece adds. ``items`` is the output so far."""
 
-    def __init__(self, job_id: str, plan: Optional[ToolPlan]):
+    def __init__(self, job_id: str, plan: Optional[ToolPlan], reasoning: Optional[ReasoningFormat] = None):
         self.job_id = job_id
+        self.splitter = ReasoningSplitter(reasoning) if reasoning is not None else None
         self.parser = plan.new_stream() if plan is not None else None
         self.max_calls = plan.max_calls if plan is not None else None
         self.items: list[dict] = []
@@ -32,12 +37,24 @@ class OutputBuilder:
     def feed(self, text: str) -> list[dict]:
         if not text:
             return []
-        return self._apply(self.parser.feed(text) if self.parser is not None else [Content(text)])
+        if self.splitter is None:
+            return self._content(text)
+        thought, answer = self.splitter.feed(text)
+        return self._reasoning(thought) + self._content(answer)
 
     def finish(self, item_status: str = "completed") -> list[dict]:
-        """The text has ended: what the parser still held, then the last item closes."""
-        events = self._apply(self.parser.finish()) if self.parser is not None else []
+        """The text has ended: what the splitter and the parser still held, then the last item closes."""
+        events: list[dict] = []
+        if self.splitter is not None:
+            thought, answer = self.splitter.finish()
+            events += self._reasoning(thought) + self._content(answer)
+        events += self._apply(self.parser.finish()) if self.parser is not None else []
         return events + self._close(item_status)
+
+    def _content(self, text: str) -> list[dict]:
+        if not text:
+            return []
+        return self._apply(self.parser.feed(text) if self.parser is not None else [Content(text)])
 
     @property
     def called(self) -> bool:
@@ -64,6 +81,26 @@ class OutputBuilder:
                 item["arguments"] += ev.text
                 out.append({"type": "response.function_call_arguments.delta", "item_id": item["id"],
                             "output_index": self._open, "delta": ev.text})
+        return out
+
+    def _reasoning(self, text: str) -> list[dict]:
+        if not text:
+            return []
+        out: list[dict] = []
+        if self._open is None or self.items[self._open]["type"] != "reasoning":
+            out += self._close("completed")
+            index = len(self.items)
+            item = {"id": f"rs_{self.job_id}_{index}", "type": "reasoning", "status": "in_progress", "summary": [],
+                    "content": [{"type": "reasoning_text", "text": ""}]}
+            self.items.append(item)
+            self._open = index
+            out += [{"type": "response.output_item.added", "output_index": index, "item": {**item, "content": []}},
+                    {"type": "response.content_part.added", "item_id": item["id"], "output_index": index,
+                     "content_index": 0, "part": {"type": "reasoning_text", "text": ""}}]
+        item = self.items[self._open]
+        item["content"][0]["text"] += text
+        out.append({"type": "response.reasoning_text.delta", "item_id": item["id"], "output_index": self._open,
+                    "content_index": 0, "delta": text})
         return out
 
     def _open_message(self) -> list[dict]:
@@ -100,6 +137,13 @@ class OutputBuilder:
         index, item = self._open, self.items[self._open]
         self._open = None
         item["status"] = status
+        if item["type"] == "reasoning":
+            part = item["content"][0]
+            return [{"type": "response.reasoning_text.done", "item_id": item["id"], "output_index": index,
+                     "content_index": 0, "text": part["text"]},
+                    {"type": "response.content_part.done", "item_id": item["id"], "output_index": index,
+                     "content_index": 0, "part": dict(part)},
+                    {"type": "response.output_item.done", "output_index": index, "item": _copy(item)}]
         if item["type"] == "message":
             part = item["content"][0]
             return [{"type": "response.output_text.done", "item_id": item["id"], "output_index": index,
@@ -119,9 +163,10 @@ def _copy(item: dict) -> dict:
     return out
 
 
-def output_items(job_id: str, plan: Optional[ToolPlan], asm: Assembly, item_status: str = "completed") -> list[dict]:
+def output_items(job_id: str, plan: Optional[ToolPlan], asm: Assembly, item_status: str = "completed",
+                 reasoning: Optional[ReasoningFormat] = None) -> list[dict]:
     """The ``output`` list of a response from its folded job output."""
-    builder = OutputBuilder(job_id, plan)
+    builder = OutputBuilder(job_id, plan, reasoning)
     builder.feed(asm.text)
     builder.finish(item_status)
     return builder.items

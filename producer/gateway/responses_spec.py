@@ -7,6 +7,7 @@ from typing import Any, Optional, Union
 
 from pydantic import BaseModel, Field
 
+from inferq.schemas.reasoning import ReasoningFormat, reasoning_format
 from inferq.producer.gateway.openai_tools import FunctionDef, NamedToolChoice, ToolDef, ToolPlan, plan_tools
 
 
@@ -34,6 +35,7 @@ class ResponseSpec(BaseModel):
     tool_choice: Union[str, dict[str, Any]] = "auto"
     parallel_tool_calls: bool = True
     tool_parser: str = "auto"
+    reasoning_parser: Optional[str] = None  # the model's reasoning family when the response was made
     metadata: dict[str, str] = Field(default_factory=dict)
     previous_response_id: Optional[str] = None
     user: Optional[str] = None
@@ -46,6 +48,12 @@ class ResponseSpec(BaseModel):
     @property
     def id(self) -> str:
         return response_id(self.job_id)
+
+    def reasoning_format(self) -> Optional[ReasoningFormat]:
+        try:
+            return reasoning_format(self.reasoning_parser)
+        except ValueError:  # stored by a gateway that knew a family this one does not: no split
+            return None
 
     def tool_plan(self) -> Optional[ToolPlan]:
         """The request's tools as the chat route plans them (rebuilt the same in any process)."""

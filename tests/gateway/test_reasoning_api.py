@@ -37,7 +37,7 @@ class Verdict(BaseModel):
 
 @pytest.fixture(scope="module")
 def thinker(stack, tmp_path_factory):
-    folder = save_thinking_model(tmp_path_factory.mktemp("thinker"), SWITCH_TEMPLATE)
+    folder = save_thinking_model(tmp_path_factory.mktemp("thinker"), SWITCH_TEMPLATE, tie_word_embeddings=False)
     w = WorkerProc(stack.url, folder, THINKER, stack.tmp, "thinker-worker", "--device", "cpu", "--dtype", "float32",
                    "--max-num-seqs", "8", "--num-kv-blocks", "128", "--lease-seconds", "5", defaults=())
     try:
@@ -112,6 +112,7 @@ def test_schema_applies_after_the_reasoning(client):
                                           response_format={"type": "json_schema", "json_schema": {
                                               "name": "verdict", "schema": Verdict.model_json_schema()}})
     assert held.choices[0].finish_reason == "length" and held.choices[0].message.content == ""
+    assert reasoning_of(free.choices[0].message)  # words, not JSON
     assert reasoning_of(held.choices[0].message) == reasoning_of(free.choices[0].message)
     assert streamed(client, model=THINKER, messages=ASK, temperature=0, max_tokens=12,
                     response_format={"type": "json_object"})[:2] == (reasoning_of(free.choices[0].message), "")
@@ -153,3 +154,22 @@ def test_bad_chat_template_kwargs_are_refused(client):
     with pytest.raises(openai.BadRequestError, match="at most 16384 bytes"):
         client.chat.completions.create(model=THINKER, messages=ASK, max_tokens=4,
                                        extra_body={"chat_template_kwargs": {"note": "x" * 20_000}})
+
+
+def test_responses_api_gives_a_reasoning_item(client):
+    """/v1/responses: the think block is a ``reasoning`` output item (reasoning_text
+    content, streamed as response.reasoning_text.delta), the answer a message item."""
+    chat = client.chat.completions.create(model=THINKER, messages=ASK, temperature=0, max_tokens=12)
+    want = reasoning_of(chat.choices[0].message)
+    assert want
+    kw = dict(model=THINKER, input=ASK[0]["content"], temperature=0, max_output_tokens=12)
+    r = client.responses.create(**kw)
+    assert [item.type for item in r.output] == ["reasoning"]  # cut off while thinking: no answer yet
+    assert r.output[0].content[0].type == "reasoning_text" and r.output[0].content[0].text == want
+    assert r.output_text == ""
+    assert client.responses.retrieve(r.id).output[0].content[0].text == want
+    events = list(client.responses.create(stream=True, **kw))
+    assert "".join(e.delta for e in events if e.type == "response.reasoning_text.delta") == want
+    done = [e.item for e in events if e.type == "response.output_item.done"]
+    assert [i.type for i in done] == ["reasoning"] and done[0].content[0].text == want
+    assert [e.text for e in events if e.type == "response.reasoning_text.done"] == [want]
