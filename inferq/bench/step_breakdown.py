@@ -186,7 +186,7 @@ def traced(engine):
     quant_libs = {id(w.lib): w.lib for layer in model.layers for w in layer.packed.values()
                   if not isinstance(w, (cpu_linear.PackedWeight, torch.Tensor)) and hasattr(w, "lib")}
     for lib in quant_libs.values():
-        for name in ("quant_linear", "quant_x"):
+        for name in ("quant_linear", "quant_linear16", "quant_linear_f32", "quant_x"):  # row, 16-row, float kernels
             if hasattr(lib, name):
                 tr._set(lib, name, tr.c_function(getattr(lib, name), "linear"))
     kernels = model.layers[0].cpu_kernels
