@@ -201,7 +201,7 @@ def main(argv=None) -> int:
     from inferq.gpuworker import LLM
     from inferq.gpuworker.engine import host_malloc
     from inferq.gpuworker.models.loader import resolve_model_folder
-    from inferq.gpuworker.models.weight_memory import kv_cache_bytes, one_copy_bytes
+    from inferq.gpuworker.models.weight_memory import held_bytes, kv_cache_bytes, one_copy_bytes
 
     if args.random_model:
         if args.model:
@@ -257,7 +257,8 @@ def main(argv=None) -> int:
         mem = system_memory(include_children=False)  # the engine lives in this process
         results = [Result("inferq", ours_s, wl.output_tokens, mem)]
         print(f"  inferq: {results[-1].median_s:.1f} s {[round(x, 1) for x in ours_s]}; memory: {mem.describe()}; "
-              f"weights {gib(one_copy_bytes(eng.model))} GiB, KV cache {gib(kv_cache_bytes(eng))} GiB", flush=True)
+              f"weights {gib(held_bytes(eng.model))} GiB held ({gib(one_copy_bytes(eng.model))} GiB unquantized), "
+              f"KV cache {gib(kv_cache_bytes(eng))} GiB", flush=True)
         if start_vllm is not None and args.vllm_after_inferq:
             # One system in memory at a time (a model too large for both side by side).
             llm = eng = None
