@@ -66,6 +66,7 @@ class Dispatcher:
         self.redis, self.endpoints, self.outbox, self.policy, self.metrics = redis, endpoints, outbox, policy, metrics
         self.consumer = f"{os.uname().nodename}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._tasks: list[asyncio.Task] = []
+        self._stopping = False
         self._sending: dict[asyncio.Task, tuple[str, str]] = {}
         self._http: Optional[httpx.AsyncClient] = None
         self._last_reclaim = self._last_sweep = 0.0  # monotonic times of the housekeeping's slower jobs
@@ -77,10 +78,15 @@ class Dispatcher:
                        asyncio.create_task(self._forever(self._housekeeping_round, "housekeeping", every=2.0))]
 
     async def stop(self) -> None:
+        # The flag as well as the cancel: a client library may turn a cancel that lands
+        # mid-command into an ordinary error, which a round survives.
+        self._stopping = True
         sending = dict(self._sending)
-        for t in [*self._tasks, *sending]:
+        tasks = [*self._tasks, *sending]
+        for t in tasks:
             t.cancel()
-        await asyncio.gather(*self._tasks, *sending, return_exceptions=True)
+        if tasks:
+            await asyncio.wait(tasks, timeout=5.0)
         for tag, did in sending.values():  # due again at once, for the next dispatcher
             try:
                 await self.outbox.release(tag, did, time.time())
@@ -91,7 +97,7 @@ class Dispatcher:
 
     async def _forever(self, round_, name: str, every: Optional[float] = None) -> None:
         groups_ready = False
-        while True:
+        while not self._stopping:
             try:
                 if not groups_ready:
                     await self._ensure_groups()
