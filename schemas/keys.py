@@ -158,15 +158,6 @@ def model_info(model: str) -> str:
 MODEL_INFO_TTL_S = 3600
 
 
-def model_info(model: str) -> str:
-    """Hash of what a model's workers know of it that the gateway cannot see (its
-    ``reasoning_parser``); written at worker start, its TTL renewed by every heartbeat."""
-    return f"{PREFIX}:model:{{{model}}}"
-
-
-MODEL_INFO_TTL_S = 3600
-
-
 def worker_identity(model: str, worker_id: str) -> str:
     """Held by the one live process using ``worker_id`` (a random token, with a TTL)."""
     return f"{PREFIX}:worker:{{{model}}}:{worker_id}"

@@ -43,11 +43,6 @@ class GatewaySettings(BaseSettings):
     # for every model, or per model ("model-a=qwen3,model-b=deepseek_r1"; "none" turns one
     # off). A model not named gets the family its workers detected from its chat template.
     reasoning_parser: str = ""
-    # Reasoning models (docs/gateway.md "Reasoning models"): how a chat answer's <think>
-    # block becomes reasoning_content, as vLLM's --reasoning-parser: "qwen3" or "deepseek_r1"
-    # for every model, or per model ("model-a=qwen3,model-b=deepseek_r1"; "none" turns one
-    # off). A model not named gets the family its workers detected from its chat template.
-    reasoning_parser: str = ""
 
     @field_validator("reasoning_parser")
     @classmethod
