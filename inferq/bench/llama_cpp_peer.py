@@ -14,7 +14,7 @@ lengths fixed by the seed):
 
 inferq runs as ``inferq up`` (embedded Redis, one worker, the gateway) with
 ``--torch-threads N``; llama.cpp as ``llama-server -t N --threads-batch N -np 24
--c 24*640 --cache-ram 0 --no-mmap``. Both are started once per (threads, file) and each repeat
+-c 24*640 --cache-ram 0 --load-mode none``. Both are started once per (threads, file) and each repeat
 runs llama.cpp then inferq, so drift on a shared machine hits both alike. Per run:
 output tok/s (all output tokens / wall time of the run) and the median over requests
 of the per-token latency (TPOT: (last chunk - first chunk) / (tokens - 1)); the table
@@ -166,7 +166,7 @@ class LlamaServer:
                "--cache-ram", "0", "--alias", SERVED, "--no-webui",
                # The weights in the process's own memory, as inferq's: a mapped file's pages
                # are dropped under memory pressure and then re-read from disk every token.
-               "--no-mmap"]
+               "--load-mode", "none"]
         with open(log, "wb") as f:
             self.proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT)
         wait_http(f"{self.base_url}/v1/models", self.proc, 300, log)
