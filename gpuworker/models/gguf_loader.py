@@ -1,11 +1,11 @@
 """Read a llama.cpp GGUF file: its weights either as they are stored (native) or dequantized.
 
-* native (``INFERQ_GGUF_WEIGHTS=native``, the default on CPU where the quantized kernels
-  build): ``metadata_folder`` caches config.json and the tokenizer files only, and
+* native (``INFERQ_GGUF_WEIGHTS=native``, or ``auto``: native on a CPU where the quantized
+  kernels build): ``metadata_folder`` caches config.json and the tokenizer files only, and
   ``native_tensors`` reads each weight's blocks into one copy in memory (the file's mapping
   is dropped after load); the model's linears run on them (gpuworker/models/quant_linear.py).
   A type without a kernel (IQ quants, Q2_K, Q3_K, ...) fails at load, naming the tensor.
-* dequantize (``INFERQ_GGUF_WEIGHTS=dequantize``, and on GPUs): ``converted_folder`` turns
+* dequantize (the default, and on GPUs): ``converted_folder`` turns
   the file into a plain Hugging Face folder (config.json, fp32 model.safetensors, tokenizer
   files with the chat template), loaded like any other; every type gguf can read works.
 
@@ -69,12 +69,16 @@ def cache_key(gguf_path: Path) -> str:
 
 WEIGHTS_ENV = "INFERQ_GGUF_WEIGHTS"
 WEIGHT_MODES = ("native", "dequantize")
-DEFAULT_MODE = "auto"  # native on a CPU where the quantized kernels build
+# Dequantize until native wins on every measured axis: native is faster for one stream (1.13x
+# llama.cpp vs 0.84x, docs/benchmarks.md) with a third of the memory, but its int8 activations
+# move a small model's greedy answers (KL 0.007 vs 0.0016 on the bundled file, llama.cpp's level)
+# and its prompt matmuls run behind the bf16 panels at 64 rows (docs/kernels.md).
+DEFAULT_MODE = "dequantize"
 
 
 def weights_mode(device: str = "cpu", setting: str | None = None) -> str:
     """How a GGUF's weights are loaded: ``setting`` or ``$INFERQ_GGUF_WEIGHTS`` ("native",
-    "dequantize" or "auto"); auto is native on a CPU where the quantized kernels build."""
+    "dequantize" (the default) or "auto": native on a CPU where the quantized kernels build)."""
     mode = (setting or os.environ.get(WEIGHTS_ENV) or DEFAULT_MODE).strip().lower()
     if mode not in (*WEIGHT_MODES, "auto"):
         raise ValueError(f"{WEIGHTS_ENV}={mode!r}: expected one of native, dequantize, auto")

@@ -162,7 +162,7 @@ def load_model(
 ) -> LoadedModel:
     """``gguf_weights``: how a GGUF's weights load, "native" (as stored, on the quantized CPU
     kernels), "dequantize" or "auto" (native on CPU where the kernels build); default
-    ``$INFERQ_GGUF_WEIGHTS`` or auto (gguf_loader.weights_mode)."""
+    ``$INFERQ_GGUF_WEIGHTS``, else dequantize (gguf_loader.weights_mode)."""
     gguf = gguf_source(model)
     if gguf is not None and weights_mode(str(torch.device(device)), gguf_weights) == "native":
         return _load_native_gguf(*gguf, dtype=dtype, device=torch.device(device), backend=backend)

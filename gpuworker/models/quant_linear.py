@@ -38,7 +38,7 @@ _FLAGS_AVX2 = ["-O3", "-mavx2", "-mfma", "-mf16c", "-std=gnu11", "-ffp-contract=
 
 # x as the kernels take it ($INFERQ_GGUF_ACTIVATIONS): "int8" (blocks of 32 quantized, llama.cpp's
 # way: integer dot products, about 0.5% error per matmul; the default: 2.5x the float kernel's
-# speed at one row on a Zen 5, docs/kernels.md) or "float" (float32 x, exact to float32 sums:
+# speed at one row on a Zen 4, docs/kernels.md) or "float" (float32 x, exact to float32 sums:
 # the dequantized model's tokens, at the row kernel's speed)
 ACTIVATIONS_ENV = "INFERQ_GGUF_ACTIVATIONS"
 ACTIVATIONS = ("int8", "float")

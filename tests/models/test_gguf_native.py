@@ -205,6 +205,9 @@ def test_a_type_without_a_kernel_fails_at_load_naming_the_tensor(tmp_path):
 def test_weights_setting(monkeypatch):
     monkeypatch.delenv(gguf_loader.WEIGHTS_ENV, raising=False)
     assert gguf_loader.weights_mode("cuda") == "dequantize"
+    assert gguf_loader.weights_mode("cpu") == "dequantize"  # the default (see DEFAULT_MODE's reasons)
+    assert gguf_loader.weights_mode("cpu", "auto") == "native"  # the kernels build here (module skip)
+    assert gguf_loader.weights_mode("cuda", "auto") == "dequantize"
     assert gguf_loader.weights_mode("cpu", "dequantize") == "dequantize"
     assert gguf_loader.weights_mode("cpu", "native") == "native"
     monkeypatch.setenv(gguf_loader.WEIGHTS_ENV, "dequantize")
