@@ -11,6 +11,7 @@ GROUPS: dict[str, dict[str, str]] = {
         "serve": "load-test a running inferq through Redis or the gateway (like `vllm bench serve`)",
         "serve-vs-vllm": "inferq through Redis vs `vllm serve`, same model and arrivals, alternating rounds",
         "llama-cpp-peer": "inferq's gateway vs `llama-server` on one GGUF file: one long request, 24 mixed ones, 1-2 threads",
+        "llama-cpp-build": "build (or find) llama.cpp's llama-server, llama-quantize and llama-perplexity; make the GGUF copies",
         "gateway-vs-sdk": "the gateway (OpenAI HTTP) vs the SDK (Redis) on one `inferq up`",
         "queue-overhead": "what the queue and reply path add per job vs the same engine in-process; publisher events/s",
         "redis-cost": "Redis commands, bytes and server CPU per job and per reply event, with a real worker",

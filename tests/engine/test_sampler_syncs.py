@@ -120,7 +120,7 @@ def shaped_request(**params):
     from types import SimpleNamespace
 
     return SimpleNamespace(params=SamplingParams(**params), output_token_ids=[4, 5], eos_token_ids=(2,),
-                           matcher=Matcher(), bias_tensors=None)
+                           matcher=Matcher(), reasoning_gate=None, bias_tensors=None)
 
 
 def test_logits_shaping_never_waits_for_the_device(device_branches):
