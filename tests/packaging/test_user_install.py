@@ -3,16 +3,20 @@
 from a web app's folder that has its own ``schemas.py``, ``producer.py`` and
 ``kernels.py``. Nothing of the checkout is on any path.
 
-`inferq up` reaches READY; the official openai client gets an answer and a stream;
+`inferq up` reaches READY; the official openai client gets an answer and a stream,
+the same answer from the Responses API (foreground, and background polled to its end),
+embeddings, and the model's tokens from /tokenize;
 /dashboard and its static files answer; the app's own FastAPI routes submit jobs
 with the SDK and read their results; transformers and Hugging Face's `kernels`
 import as they do without us."""
 import json
+import math
 import os
 import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import httpx
@@ -133,6 +137,29 @@ def test_inferq_up_from_a_web_apps_folder(user_venv, app_dir):
         chunks = list(client.chat.completions.create(model=MODEL, messages=messages, max_tokens=16,
                                                      temperature=0, stream=True))
         assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == answer
+
+        # The Responses API runs the same chat job: the same greedy answer, foreground and background.
+        question = messages[0]["content"]
+        resp = client.responses.create(model=MODEL, input=question, max_output_tokens=16, temperature=0)
+        assert resp.status == "completed" and resp.output_text == answer, resp
+        bg = client.responses.create(model=MODEL, input=question, max_output_tokens=16, temperature=0,
+                                     background=True)
+        assert bg.status in ("queued", "in_progress", "completed"), bg
+        deadline = time.monotonic() + 300
+        while bg.status in ("queued", "in_progress") and time.monotonic() < deadline:
+            time.sleep(0.1)  # polling, as a backend does; the deadline only bounds a hang
+            bg = client.responses.retrieve(bg.id)
+        assert bg.status == "completed" and bg.output_text == answer, bg
+
+        emb = client.embeddings.create(model=MODEL, input=["Paris is in France.", "The sea is blue."])
+        assert [d.index for d in emb.data] == [0, 1] and emb.usage.prompt_tokens > 0
+        vectors = [d.embedding for d in emb.data]
+        assert len(vectors[0]) == len(vectors[1]) > 0 and vectors[0] != vectors[1]
+        assert all(abs(math.sqrt(sum(v * v for v in vec)) - 1.0) < 1e-3 for vec in vectors)
+        tok = httpx.post(f"{url}/tokenize", json={"model": MODEL, "prompt": question}, timeout=60)
+        assert tok.status_code == 200 and tok.json()["count"] == len(tok.json()["tokens"]) > 0, tok.text
+        back = httpx.post(f"{url}/detokenize", json={"model": MODEL, "tokens": tok.json()["tokens"]}, timeout=60)
+        assert back.status_code == 200 and back.json()["prompt"] == question, back.text
 
         # The dashboard's four files, read from the installed package.
         page, login = httpx.get(f"{url}/dashboard", timeout=10), httpx.get(f"{url}/dashboard/login", timeout=10)

@@ -25,7 +25,9 @@ from tests.reliability.conftest import Fleet, pending_count, reply_events, wait_
 
 MODEL = "migration"
 MAX_TOKENS = 40
-SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+# A name of 100+ characters cannot close within MAX_TOKENS: the job is still running when its
+# worker stops (a short object could finish inside the SIGTERM drain and never be taken over).
+SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "minLength": 100}, "age": {"type": "integer"}},
           "required": ["name", "age"], "additionalProperties": False}
 # name -> the request's options (beyond model and messages)
 REQUESTS = {
