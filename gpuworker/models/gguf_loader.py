@@ -69,8 +69,8 @@ def cache_key(gguf_path: Path) -> str:
 
 WEIGHTS_ENV = "INFERQ_GGUF_WEIGHTS"
 WEIGHT_MODES = ("native", "dequantize")
-# Dequantize until native wins on every measured axis: native is faster for one stream (1.13x
-# llama.cpp vs 0.84x, docs/benchmarks.md) with a third of the memory, but its int8 activations
+# Dequantize until native wins on every measured axis: native is faster for one stream (1.25x
+# llama.cpp vs 0.87x, docs/benchmarks.md) with a third of the memory, but its int8 activations
 # move a small model's greedy answers (KL 0.007 vs 0.0016 on the bundled file, llama.cpp's level)
 # and its prompt matmuls run behind the bf16 panels at 64 rows (docs/kernels.md).
 DEFAULT_MODE = "dequantize"
