@@ -393,17 +393,19 @@ int quant_linear_f32(int type, const float *x, int64_t ldx, int64_t m, int64_t k
 
 /* ---------------------------------------------------------------- 16-row interleaved (AVX512-VNNI) */
 
-/* Q4_0, Q4_1 and Q8_0 repacked once at load for a 512-bit dot: rows in groups of 16, and per
-   group and 32-element block one record: the 16 rows' scales d (f16 [16]), their offsets o
-   (f16 [16]: Q4_1's m, Q4_0's -8 d, Q8_0's -128 d), then the weights as unsigned q (the weight
-   is d * q + o), 4 bytes (4 elements) of each of the 16 rows per 64-byte vector: Q8_0 8 vectors
-   (element 4t + b of row r at byte 4r + b of vector t, as w + 128); Q4_x 4 vectors of nibbles
-   (vector p: element 8p + b in the low nibble of byte 4r + b, element 8p + 4 + b in the high).
-   One vpdpbusd then serves 16 rows against 4 of x's bytes (broadcast): the scales, the
+/* Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 repacked once at load for a 512-bit dot: rows in groups of
+   16, and per group and 32-element block one record: the 16 rows' scales d (f16 [16]), their
+   offsets o (f16 [16]: Q4_1's and Q5_1's m, Q4_0's -8 d, Q5_0's -16 d, Q8_0's -128 d), then the
+   weights as unsigned q (the weight is d * q + o), 4 bytes (4 elements) of each of the 16 rows
+   per 64-byte vector: Q8_0 8 vectors (element 4t + b of row r at byte 4r + b of vector t, as
+   w + 128); Q4_x and Q5_x 4 vectors of nibbles (vector p: element 8p + b in the low nibble of
+   byte 4r + b, element 8p + 4 + b in the high), Q5_x then one vector of fifth bits (bits 2p and
+   2p + 1 of byte 4r + b: those of vector p's low and high nibble, as Q5_K's below). One
+   vpdpbusd then serves 16 rows against 4 of x's bytes (broadcast): the scales, the
    integer-to-float conversion and the accumulation are vector operations over the 16 rows,
    where the row layout spends them per row (about 5x fewer instructions per weight). The
    record is the same bytes as the file's blocks, plus the offsets (Q4_0 4.5 -> 5 bits a weight,
-   Q8_0 8.5 -> 9); rows past n are zero. */
+   Q5_0 5.5 -> 6, Q5_1 6 -> 6, Q8_0 8.5 -> 9); rows past n are zero. */
 #define G16 16
 /* K-quants (Q4_K, Q5_K, Q6_K) keep their two-level scales: per group and super-block of 256,
    the 16 rows' d and dmin (f16 [16] each), then per 32-element sub-block their 6-bit scales
@@ -418,7 +420,12 @@ static inline int k16_sub_bytes(int type) {
 }
 static inline int rec16_bytes(int type) { /* per group and 32 elements (K-quants: per 256) */
     if (k16_sub_bytes(type)) return 64 + 8 * k16_sub_bytes(type);
-    return type == GGML_Q8_0 ? 64 + 512 : (type == GGML_Q4_0 || type == GGML_Q4_1) ? 64 + 256 : 0;
+    switch (type) {
+    case GGML_Q8_0: return 64 + 512;
+    case GGML_Q4_0: case GGML_Q4_1: return 64 + 256;
+    case GGML_Q5_0: case GGML_Q5_1: return 64 + 256 + 64; /* the nibbles, then the fifth-bit plane */
+    default: return 0;
+    }
 }
 
 /* The unsigned q (0-63) of the 256 elements of one K-quant super-block, its per-sub-block
@@ -509,12 +516,30 @@ int quant_repack16(int type, const uint8_t *w, int64_t n, int64_t k, uint8_t *ou
                     for (int t = 0; t < 8; ++t)
                         for (int i = 0; i < 4; ++i) q[t * 64 + 4 * r + i] = e[4 * t + i];
                 } else {
-                    const uint8_t *qs = type == GGML_Q4_0 ? ((const blk_q4_0 *)p)->qs : ((const blk_q4_1 *)p)->qs;
-                    d[r] = ((const uint16_t *)p)[0];
-                    o[r] = type == GGML_Q4_0 ? _cvtss_sh(-8.0f * f16_to_f32(d[r]), 0) : ((const blk_q4_1 *)p)->m;
-                    for (int i = 0; i < 16; ++i) { e[i] = qs[i] & 15; e[i + 16] = qs[i] >> 4; }
+                    const uint8_t *qs;
+                    uint32_t qh = 0; /* bit i: element i's fifth bit (Q5_0 / Q5_1) */
+                    switch (type) {
+                    case GGML_Q4_0: qs = ((const blk_q4_0 *)p)->qs; break;
+                    case GGML_Q4_1: qs = ((const blk_q4_1 *)p)->qs; break;
+                    case GGML_Q5_0: qs = ((const blk_q5_0 *)p)->qs; memcpy(&qh, ((const blk_q5_0 *)p)->qh, 4); break;
+                    default: qs = ((const blk_q5_1 *)p)->qs; memcpy(&qh, ((const blk_q5_1 *)p)->qh, 4); break;
+                    }
+                    d[r] = ((const uint16_t *)p)[0]; /* d leads every one of these blocks */
+                    /* -8 d and -16 d are exact in f16 (a power of two times an f16) */
+                    o[r] = type == GGML_Q4_0 ? _cvtss_sh(-8.0f * f16_to_f32(d[r]), 0)
+                         : type == GGML_Q5_0 ? _cvtss_sh(-16.0f * f16_to_f32(d[r]), 0)
+                         : ((const uint16_t *)p)[1]; /* Q4_1 / Q5_1: m */
+                    for (int i = 0; i < 16; ++i) {
+                        e[i] = (uint8_t)((qs[i] & 15) | ((qh >> i) & 1) << 4);
+                        e[i + 16] = (uint8_t)((qs[i] >> 4) | ((qh >> (i + 16)) & 1) << 4);
+                    }
                     for (int v = 0; v < 4; ++v)
-                        for (int i = 0; i < 4; ++i) q[v * 64 + 4 * r + i] = (uint8_t)(e[8 * v + i] | e[8 * v + 4 + i] << 4);
+                        for (int i = 0; i < 4; ++i) {
+                            const int a = e[8 * v + i], c = e[8 * v + 4 + i];
+                            q[v * 64 + 4 * r + i] = (uint8_t)((a & 15) | (c & 15) << 4);
+                            /* the fifth bits as Q5_K's plane: bits 2v, 2v + 1 for the low, high nibble */
+                            q[256 + 4 * r + i] |= (uint8_t)((a >> 4) << (2 * v) | (c >> 4) << (2 * v + 1));
+                        }
                 }
             }
         }
@@ -556,8 +581,10 @@ static void repacked_row(int type, const uint8_t *wp, int64_t k, int64_t row, fl
             if (type == GGML_Q8_0) {
                 v = d * (float)((int)q[(e / 4) * 64 + 4 * r + e % 4] - 128);
             } else {
-                const int byte = q[(e / 8) * 64 + 4 * r + e % 4], nib = (e % 8) < 4 ? byte & 15 : byte >> 4;
-                v = type == GGML_Q4_0 ? d * (float)(nib - 8) : d * (float)nib + o;
+                const int v4 = e / 8, high = (e % 8) >= 4, byte = q[v4 * 64 + 4 * r + e % 4];
+                int nib = high ? byte >> 4 : byte & 15;
+                if (type == GGML_Q5_0 || type == GGML_Q5_1) nib |= ((q[256 + 4 * r + e % 4] >> (2 * v4 + high)) & 1) << 4;
+                v = type == GGML_Q4_0 ? d * (float)(nib - 8) : type == GGML_Q5_0 ? d * (float)(nib - 16) : d * (float)nib + o;
             }
             out[b * 32 + e] = v;
         }
@@ -603,9 +630,16 @@ static inline __attribute__((always_inline)) void g16_tile(const int T, const in
                 }
             }
         } else {
+            const int five = T == GGML_Q5_0 || T == GGML_Q5_1;
+            const __m512i h0 = five ? _mm512_loadu_si512((const void *)(rec + 64 + 256)) : _mm512_setzero_si512();
             for (int p = 0; p < 4; ++p) {
                 const __m512i v = _mm512_loadu_si512((const void *)(rec + 64 + 64 * p));
-                const __m512i vl = _mm512_and_si512(v, low), vh = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+                __m512i vl = _mm512_and_si512(v, low), vh = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+                if (five) {
+                    const __m512i h = _mm512_srli_epi16(h0, 2 * p), one = _mm512_set1_epi8(1);
+                    vl = _mm512_or_si512(vl, _mm512_slli_epi16(_mm512_and_si512(h, one), 4));
+                    vh = _mm512_or_si512(vh, _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(h, 1), one), 4));
+                }
                 for (int i = 0; i < rm; ++i) {
                     int32_t xa, xb;
                     memcpy(&xa, xq + i * k + b * 32 + 8 * p, 4);
@@ -705,16 +739,18 @@ typedef void (*g16_fn)(const uint8_t *, int64_t, const int8_t *, int64_t, const 
 #define G16KFN(T, M) static void g16_##T##_##M(const uint8_t *wp, int64_t nb, const int8_t *xq, int64_t k, \
     const float *xd, const float *xs, __m512 *acc) { g16k_tile(T, M, wp, nb, xq, k, xd, xs, acc); }
 #define G16KFNS(T) G16KFN(T, 1) G16KFN(T, 2) G16KFN(T, 3) G16KFN(T, 4)
-G16FNS(GGML_Q4_0) G16FNS(GGML_Q4_1) G16FNS(GGML_Q8_0) G16KFNS(GGML_Q4_K) G16KFNS(GGML_Q5_K) G16KFNS(GGML_Q6_K)
+G16FNS(GGML_Q4_0) G16FNS(GGML_Q4_1) G16FNS(GGML_Q5_0) G16FNS(GGML_Q5_1) G16FNS(GGML_Q8_0) G16KFNS(GGML_Q4_K) G16KFNS(GGML_Q5_K) G16KFNS(GGML_Q6_K)
 #define G16TAB(T) {0, g16_##T##_1, g16_##T##_2, g16_##T##_3, g16_##T##_4}
-static const g16_fn G16_Q4_0[5] = G16TAB(GGML_Q4_0), G16_Q4_1[5] = G16TAB(GGML_Q4_1), G16_Q8_0[5] = G16TAB(GGML_Q8_0),
+static const g16_fn G16_Q4_0[5] = G16TAB(GGML_Q4_0), G16_Q4_1[5] = G16TAB(GGML_Q4_1), G16_Q5_0[5] = G16TAB(GGML_Q5_0),
+    G16_Q5_1[5] = G16TAB(GGML_Q5_1), G16_Q8_0[5] = G16TAB(GGML_Q8_0),
     G16_Q4_K[5] = G16TAB(GGML_Q4_K), G16_Q5_K[5] = G16TAB(GGML_Q5_K), G16_Q6_K[5] = G16TAB(GGML_Q6_K);
 
 /* y[m, n] = x @ W^T on a repacked W (quant_repack16), x as quant_x left it. Threads split the
    16-row groups; each output is one lane's sum over k in block order, whatever m or thread. */
 int quant_linear16(int type, const int8_t *xq, const float *xd, const float *xs, int64_t m, int64_t k,
                    const uint8_t *wp, int64_t n, void *y, int64_t ldy, int y_bf16) {
-    const g16_fn *tab = type == GGML_Q4_0 ? G16_Q4_0 : type == GGML_Q4_1 ? G16_Q4_1 : type == GGML_Q8_0 ? G16_Q8_0
+    const g16_fn *tab = type == GGML_Q4_0 ? G16_Q4_0 : type == GGML_Q4_1 ? G16_Q4_1 : type == GGML_Q5_0 ? G16_Q5_0
+        : type == GGML_Q5_1 ? G16_Q5_1 : type == GGML_Q8_0 ? G16_Q8_0
         : type == GGML_Q4_K ? G16_Q4_K : type == GGML_Q5_K ? G16_Q5_K : type == GGML_Q6_K ? G16_Q6_K : 0;
     if (!tab || k <= 0 || k % qblock_elems(type) || m < 0 || n < 0) return -1;
     const int64_t nb = k / 32, groups = (n + G16 - 1) / G16, rec_group = k / qblock_elems(type) * rec16_bytes(type);

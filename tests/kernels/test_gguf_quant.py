@@ -156,12 +156,13 @@ def test_fused_segments_of_mixed_types_write_their_columns(isa):
         assert torch.equal(fused(x), torch.cat(alone, dim=1))
 
 
-def test_x16_layout_is_used_where_it_runs():
+@pytest.mark.parametrize("name", TYPES)
+def test_x16_layout_is_used_where_it_runs(name):
     if "avx512_vnni" not in ISAS or not ql.load("avx512_vnni").repack16:
         pytest.skip("the 16-row layout needs the AVX512-VNNI build")
-    lin = linear("avx512_vnni", "Q4_1", random_packed("Q4_1", 37, 96), 96, "int8")
-    assert lin.segments[0].layout == "x16"
-    assert linear("avx512_vnni", "Q4_1", random_packed("Q4_1", 37, 96), 96, "float").segments[0].layout == "rows"
+    n, k = shape_for(name)
+    assert linear("avx512_vnni", name, random_packed(name, n, k), k, "int8").segments[0].layout == "x16"
+    assert linear("avx512_vnni", name, random_packed(name, n, k), k, "float").segments[0].layout == "rows"
 
 
 def test_unsupported_type_is_refused_with_its_name():
