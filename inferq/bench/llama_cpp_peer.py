@@ -113,8 +113,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="inferq bench llama-cpp-peer", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--threads", type=lambda s: _csv(s, kind=int), default=[1, 2], help="compute threads to run at")
-    ap.add_argument("--quants", type=lambda s: _csv(s.upper(), {"Q4_1", *QUANT_TYPES}), default=["Q4_1"],
-                    help="GGUF types (Q4_1: the bundled file; others requantized from it)")
+    ap.add_argument("--quants", type=lambda s: [] if s.lower() == "none" else _csv(s.upper(), {"Q4_1", *QUANT_TYPES}),
+                    default=["Q4_1"], help="GGUF types (Q4_1: the bundled file; others requantized from it; none)")
+    ap.add_argument("--synthetic", type=_csv, default=[], metavar="SHAPE:TYPE,...",
+                    help="also (or with --quants none: only) GGUFs of a real model's shape with random blocks "
+                         "(inferq.bench.synthetic_gguf), e.g. llama-8b:Q4_K_M")
     ap.add_argument("--workloads", type=lambda s: _csv(s, set(WORKLOADS)), default=list(WORKLOADS))
     ap.add_argument("--modes", type=lambda s: _csv(s, set(OUR_MODES)), default=None,
                     help=f"inferq's GGUF modes, of {', '.join(OUR_MODES)} (default: every one this checkout has)")
@@ -123,6 +126,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--out", default="bench-llama-cpp", help="result folder")
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds one request may take")
     args = ap.parse_args(argv)
+    from inferq.bench.synthetic_gguf import FILE_TYPES
+    from inferq.bench.random_model_shapes import SHAPES
+
+    for spec in args.synthetic:
+        shape, _, ftype = spec.partition(":")
+        if shape not in SHAPES or ftype not in FILE_TYPES:
+            ap.error(f"--synthetic {spec!r}: expected SHAPE:TYPE with SHAPE of {', '.join(SHAPES)} "
+                     f"and TYPE of {', '.join(FILE_TYPES)}")
+    if not args.quants and not args.synthetic:
+        ap.error("no files: give --quants or --synthetic")
     if args.repeats < 1:
         ap.error("--repeats must be at least 1")
     if any(t < 1 for t in args.threads):
@@ -174,6 +187,9 @@ class LlamaServer:
     def close(self) -> None:
         terminate(self.proc, 30)
 
+    def memory(self) -> dict:
+        return server_memory(self.proc.pid)
+
 
 class InferqUp:
     """``inferq up`` on free ports with its data in a temporary folder."""
@@ -193,6 +209,9 @@ class InferqUp:
         # /ready answers 2xx once a live worker serves the model (the gateway starts first).
         wait_http(f"{self.base_url}/ready", self.proc, 600, log)
 
+    def memory(self) -> dict:
+        return server_memory(self.proc.pid)
+
     def close(self) -> None:
         self.proc.send_signal(signal.SIGINT)  # as Ctrl-C: gateway, worker, then Redis stop in order
         try:
@@ -201,6 +220,20 @@ class InferqUp:
             self.proc.kill()
             self.proc.wait()
         shutil.rmtree(self.data, ignore_errors=True)
+
+
+def server_memory(pid: int) -> dict:
+    """Resident memory of a server and its children (inferq: gateway, Redis, worker), and of
+    its largest process (inferq's worker, where the weights and KV cache live)."""
+    from inferq.bench.process_memory import proc_kib, process_tree, system_memory
+
+    largest = 0
+    for p in process_tree(pid):
+        try:
+            largest = max(largest, proc_kib(p, "VmRSS") * 1024)
+        except OSError:
+            pass
+    return {"system_pss_mb": round(system_memory(pid).pss_bytes / 2**20), "largest_rss_mb": round(largest / 2**20)}
 
 
 def summarize(runs: list[dict]) -> dict:
@@ -232,6 +265,11 @@ def main(argv=None) -> int:
     bin_dir = tools(args.llama_cpp_dir)
     source = bundled_model_path()
     files = {q: source if q == "Q4_1" else quantized_copy(bin_dir, source, q) for q in args.quants}
+    from inferq.bench.synthetic_gguf import synthetic_gguf
+
+    for spec in args.synthetic:
+        shape, _, ftype = spec.partition(":")
+        files[spec] = synthetic_gguf(shape, ftype)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows = []
@@ -255,7 +293,10 @@ def main(argv=None) -> int:
                                 print(f"{tag} {w} #{rep + 1} {side}: {r['output_tok_s']:.1f} tok/s, "
                                       f"TPOT {r['tpot_ms']:.2f} ms, TTFT {r['ttft_ms']:.1f} ms", flush=True)
                         rows.append({"threads": threads, "workload": w, "file": q, "mode": mode, "runs": runs,
-                                     "llama_cpp": summarize(runs["llama_cpp"]), "inferq": summarize(runs["inferq"])})
+                                     "llama_cpp": summarize(runs["llama_cpp"]), "inferq": summarize(runs["inferq"]),
+                                     "file_mb": round(gguf.stat().st_size / 2**20),
+                                     "memory": {"llama_cpp": llama.memory(), "inferq": ours.memory()}})
+                        print(f"{tag} {w} memory: file {rows[-1]['file_mb']} MB, {rows[-1]['memory']}", flush=True)
                         (out / "results.json").write_text(json.dumps(rows, indent=1))
                 finally:
                     llama.close()

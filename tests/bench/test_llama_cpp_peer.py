@@ -26,7 +26,10 @@ def test_peer_arguments():
     args = llama_cpp_peer.parse_args(["--threads", "1,2", "--quants", "q4_1,Q8_0", "--workloads", "mixed"])
     assert args.threads == [1, 2] and args.quants == ["Q4_1", "Q8_0"] and args.workloads == ["mixed"]
     assert args.modes is None  # every mode this checkout has
-    for bad in (["--quants", "Q9_9"], ["--workloads", "huge"], ["--threads", "0"], ["--repeats", "0"]):
+    args = llama_cpp_peer.parse_args(["--quants", "none", "--synthetic", "llama-8b:Q4_K_M"])
+    assert args.quants == [] and args.synthetic == ["llama-8b:Q4_K_M"]
+    for bad in (["--quants", "Q9_9"], ["--workloads", "huge"], ["--threads", "0"], ["--repeats", "0"],
+                ["--synthetic", "llama-9000:Q4_K_M"], ["--synthetic", "llama-8b:IQ1_S"], ["--quants", "none"]):
         with pytest.raises(SystemExit):
             llama_cpp_peer.parse_args(bad)
 
