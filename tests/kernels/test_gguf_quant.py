@@ -82,7 +82,7 @@ def test_matmul_matches_reference(isa, name, activations):
     packed = random_packed(name, n, k)
     lin = linear(isa, name, packed, k, activations)
     exact = ref.float_linear
-    for m in (1, 6):
+    for m in (1, 6, 64):
         x = torch.randn(m, k)
         y = lin(x).double()
         if activations == "int8":
@@ -101,19 +101,59 @@ def test_matmul_matches_reference(isa, name, activations):
 def test_rows_batch_and_threads_give_identical_bits(isa, name, activations):
     n, k = shape_for(name)
     lin = linear(isa, name, random_packed(name, n, k, seed=1), k, activations)
-    x = torch.randn(7, k)
+    assert_batch_invariant(lin, torch.randn(100, k))
+
+
+def assert_batch_invariant(lin: ql.QuantLinear, x: torch.Tensor) -> None:
+    """Each row of x's 100 gives the same bits alone (a decode step), in batches of 4, 7, 8, 17
+    and 64 rows (the register tiles; the many-row scratch tiles, AMX's 16 rows where it runs)
+    and on 2 threads."""
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
         full = lin(x)
-        for i in range(7):  # each row alone, as a decode step would run it
-            assert torch.equal(lin(x[i:i + 1]), full[i:i + 1])
-        assert torch.equal(lin(x[2:6]), full[2:6])
+        for i in range(x.shape[0]):
+            assert torch.equal(lin(x[i:i + 1]), full[i:i + 1]), i
+        for a, b in ((2, 6), (0, 7), (30, 38), (10, 27), (0, 64), (36, 100)):
+            assert torch.equal(lin(x[a:b]), full[a:b]), (a, b)
         torch.set_num_threads(2)
         assert torch.equal(lin(x), full)
+        assert torch.equal(lin(x[:64]), full[:64])
         assert torch.equal(lin(x[3:4]), full[3:4])
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("name", TYPES)
+def test_many_rows_over_a_long_k_match_and_are_invariant(isa, name):
+    """k of 35 or 40 blocks: the many-row kernel's slices of k (32 blocks) end inside k."""
+    n, k = 37, (1280 if name.endswith("_K") else 1120)
+    qtype = ref.SUPPORTED[name]
+    packed = random_packed(name, n, k, seed=4)
+    lin = linear(isa, name, packed, k, "int8")
+    x = torch.randn(100, k)
+    want, bound = ref.quant_linear(x, packed, qtype, k), ref.error_bound(x, packed, qtype, k)
+    assert ((lin(x).double() - want).abs() <= bound).all()
+    assert_batch_invariant(lin, x)
+
+
+@pytest.mark.parametrize("name", TYPES)
+def test_many_rows_without_amx_give_the_same_bits(name):
+    """The scratch tiles' vector dot products (CPUs without AMX) against AMX's: the same int32
+    sums, the same float operations."""
+    if "avx512_vnni" not in ISAS or not ql.load("avx512_vnni").quant_amx(-1):
+        pytest.skip("needs AMX (the vector tiles run everywhere else and are tested there)")
+    lib = ql.load("avx512_vnni")
+    n, k = 37, (1280 if name.endswith("_K") else 1120)
+    lin = linear("avx512_vnni", name, random_packed(name, n, k, seed=5), k, "int8")
+    x = torch.randn(100, k)
+    with_amx = lin(x)
+    try:
+        assert lib.quant_amx(0) == 0
+        assert torch.equal(lin(x), with_amx)
+        assert_batch_invariant(lin, x)
+    finally:
+        lib.quant_amx(1)
 
 
 @pytest.mark.parametrize("name", TYPES)
