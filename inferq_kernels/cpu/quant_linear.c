@@ -781,6 +781,7 @@ static inline __attribute__((always_inline)) void g16k_tile(const int T, const i
 #define SCR_BLOCKS 32 /* blocks per slice of k (a multiple of a K-quant's 8): 20 KiB */
 #define XR 8          /* rows of x per scratch tile: 8 accumulators and 8 integer chains */
 #define SCR_MIN_ROWS 16 /* fewer rows run the in-register tiles (measured: docs/kernels.md) */
+#define SCR_X_ROWS 256  /* rows of x per unpacking of the weights (256 x k int8 in L2) */
 
 static inline __attribute__((always_inline)) void g16_unpack(const int T, const uint8_t *wp, int64_t b0, int64_t kn,
         uint8_t *scr) {
@@ -1069,7 +1070,7 @@ static void g16_group_scratch(const g16_kernels *kern, int amx, const uint8_t *w
         int64_t k, const float *xd, const float *xs, int64_t m0, int64_t m1, int64_t n0, int64_t rn, void *y,
         int64_t ldy, int y_bf16) {
     uint8_t scr[SCR_BLOCKS * SCR_BLOCK] __attribute__((aligned(64)));
-    float acc[X_BLOCK_ROWS * G16] __attribute__((aligned(64)));
+    float acc[SCR_X_ROWS * G16] __attribute__((aligned(64)));
     memset(acc, 0, sizeof acc);
     for (int64_t b0 = 0; b0 < nb; b0 += SCR_BLOCKS) {
         const int64_t kn = nb - b0 < SCR_BLOCKS ? nb - b0 : SCR_BLOCKS;
@@ -1103,13 +1104,14 @@ int quant_linear16(int type, const int8_t *xq, const float *xd, const float *xs,
     if (!kern || k <= 0 || k % qblock_elems(type) || m < 0 || n < 0) return -1;
     const int64_t nb = k / 32, groups = (n + G16 - 1) / G16, rec_group = k / qblock_elems(type) * rec16_bytes(type);
     const int amx = m >= G16 && amx_ready();
+    const int64_t xrows = m >= SCR_MIN_ROWS ? SCR_X_ROWS : X_BLOCK_ROWS;
     OMP(omp parallel num_threads(kernel_nthreads) if (groups >= 2))
     {
 #if HAVE_AMX_INT8
         if (amx) amx_setup(kern->six); /* tile state is per thread */
 #endif
-        for (int64_t m0 = 0; m0 < m; m0 += X_BLOCK_ROWS) {
-            const int64_t m1 = m - m0 < X_BLOCK_ROWS ? m : m0 + X_BLOCK_ROWS;
+        for (int64_t m0 = 0; m0 < m; m0 += xrows) {
+            const int64_t m1 = m - m0 < xrows ? m : m0 + xrows;
             OMP(omp for schedule(static))
             for (int64_t g = 0; g < groups; ++g) {
                 const int64_t n0 = g * G16, rn = n - n0 < G16 ? n - n0 : G16;

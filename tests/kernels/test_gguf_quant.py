@@ -126,15 +126,19 @@ def assert_batch_invariant(lin: ql.QuantLinear, x: torch.Tensor) -> None:
 
 @pytest.mark.parametrize("name", TYPES)
 def test_many_rows_over_a_long_k_match_and_are_invariant(isa, name):
-    """k of 35 or 40 blocks: the many-row kernel's slices of k (32 blocks) end inside k."""
+    """k of 35 or 40 blocks: the many-row kernel's slices of k (32 blocks) end inside k; 300
+    rows: more than one pass of rows of x (256) over the weights."""
     n, k = 37, (1280 if name.endswith("_K") else 1120)
     qtype = ref.SUPPORTED[name]
     packed = random_packed(name, n, k, seed=4)
     lin = linear(isa, name, packed, k, "int8")
-    x = torch.randn(100, k)
+    x = torch.randn(300, k)
+    y = lin(x)
     want, bound = ref.quant_linear(x, packed, qtype, k), ref.error_bound(x, packed, qtype, k)
-    assert ((lin(x).double() - want).abs() <= bound).all()
-    assert_batch_invariant(lin, x)
+    assert ((y.double() - want).abs() <= bound).all()
+    for a, b in ((0, 100), (250, 300), (299, 300)):
+        assert torch.equal(lin(x[a:b]), y[a:b]), (a, b)
+    assert_batch_invariant(lin, x[:100])
 
 
 @pytest.mark.parametrize("name", TYPES)
