@@ -770,8 +770,8 @@ static inline __attribute__((always_inline)) void g16k_tile(const int T, const i
 
 /* Many rows of x (prompts, batches): the tiles above unpack a group's blocks again for every
    RM_MAX rows of x. Instead each thread unpacks a slice of k of its group once into a scratch
-   of plain bytes and float scales (L1), then runs the rows of x against it, XR at a time, their
-   partial sums kept between slices in memory. Per 32-element block the scratch holds 8 vectors
+   of plain bytes and float scales (L1), then runs the rows of x against it, XR at a time (16
+   on AMX, below), their partial sums kept between slices in memory. Per 32-element block the scratch holds 8 vectors
    of unsigned q (vector t: elements 4t .. 4t + 3 of each row, 4 bytes a row), then the two
    float vectors the tiles above scale with: a (d; a K-quant's d * sc; Q6_K's of elements 0-15)
    and b (the offset o; a K-quant's -(dmin * m); Q6_K's scale of elements 16-31). Each output
