@@ -28,6 +28,11 @@ LLAMA_CPP_PYTHON = "0.3.36"
 TOOLS = ("llama-server", "llama-quantize", "llama-perplexity")
 CMAKE_FLAGS = ("-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF",
                "-DLLAMA_USE_PREBUILT_UI=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF")
+# A CPU whose AMX tiles fault under its hypervisor (seen: a KVM Xeon, where llama.cpp's AMX
+# backend dies with SIGILL at its first tilezero) needs a build without them: its
+# AVX512-VNNI / BF16 paths stay. GCC lets an explicit -mno-* win over -march=native.
+NO_AMX_FLAGS = ("-DCMAKE_C_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16",
+                "-DCMAKE_CXX_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16")
 # The quantization types the benchmarks compare (llama-quantize's names).
 QUANT_TYPES = ("Q8_0", "F16", "Q5_K_M", "Q4_K_M", "Q4_0")
 
@@ -85,16 +90,18 @@ def source_tree(version: str = LLAMA_CPP_PYTHON) -> Path:
     return tree
 
 
-def build(version: str = LLAMA_CPP_PYTHON, jobs: Optional[int] = None) -> Path:
-    """Configure and build the three tools (minutes); returns their folder."""
+def build(version: str = LLAMA_CPP_PYTHON, jobs: Optional[int] = None, no_amx: bool = False) -> Path:
+    """Configure and build the three tools (minutes); returns their folder (``build/bin``,
+    ``build-no-amx/bin`` without AMX)."""
     for tool in ("cmake", "ninja"):
         if shutil.which(tool) is None:
             raise RuntimeError(f"building llama.cpp needs {tool} on PATH (apt-get install cmake ninja-build)")
     tree = source_tree(version)
-    build_dir = cache_dir(version) / "build"
-    log = cache_dir(version) / "build.log"
+    build_dir = cache_dir(version) / ("build-no-amx" if no_amx else "build")
+    log = cache_dir(version) / f"{build_dir.name}.log"
     print(f"building {', '.join(TOOLS)} from {tree} into {build_dir} (log {log}) ...", file=sys.stderr, flush=True)
-    _run(["cmake", "-S", str(tree), "-B", str(build_dir), "-G", "Ninja", *CMAKE_FLAGS], log)
+    _run(["cmake", "-S", str(tree), "-B", str(build_dir), "-G", "Ninja", *CMAKE_FLAGS,
+          *(NO_AMX_FLAGS if no_amx else ())], log)
     _run(["ninja", "-C", str(build_dir), f"-j{jobs or os.cpu_count() or 1}", *TOOLS], log)
     return build_dir / "bin"
 
@@ -134,7 +141,14 @@ def main(argv=None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--llama-cpp-dir", default=None, help="use the tools in this folder instead")
     ap.add_argument("--jobs", type=int, default=None, help="parallel compile jobs (default: all cores)")
+    ap.add_argument("--no-amx", action="store_true",
+                    help="build without AMX into build-no-amx/ (for a CPU whose AMX tiles fault: "
+                         "llama-server dies with SIGILL); pass that folder's bin/ as --llama-cpp-dir")
     args = ap.parse_args(argv)
+    if args.no_amx:
+        built = cache_dir() / "build-no-amx" / "bin"
+        print(built if _has_tools(built, TOOLS) else build(jobs=args.jobs, no_amx=True))
+        return 0
     found = find_tools(args.llama_cpp_dir)
     print(found if found is not None else build(jobs=args.jobs))
     return 0

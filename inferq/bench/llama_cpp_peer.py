@@ -182,7 +182,14 @@ class LlamaServer:
                "--load-mode", "none"]
         with open(log, "wb") as f:
             self.proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT)
-        wait_http(f"{self.base_url}/v1/models", self.proc, 300, log)
+        try:
+            wait_http(f"{self.base_url}/v1/models", self.proc, 300, log)
+        except RuntimeError:
+            if self.proc.returncode == -signal.SIGILL:
+                raise RuntimeError(f"llama-server died of SIGILL ({log}): this CPU's AMX tiles fault for llama.cpp "
+                                   "(seen under KVM); build it without them: python -m inferq.bench.llama_cpp_build "
+                                   "--no-amx, then pass the folder it prints as --llama-cpp-dir") from None
+            raise
 
     def close(self) -> None:
         terminate(self.proc, 30)
