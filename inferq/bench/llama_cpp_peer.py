@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import os
 import random
@@ -122,6 +123,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--modes", type=lambda s: _csv(s, set(OUR_MODES)), default=None,
                     help=f"inferq's GGUF modes, of {', '.join(OUR_MODES)} (default: every one this checkout has)")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--single-output", type=int, default=WORKLOADS["single"].output_range[0],
+                    help="output tokens of the single workload (fewer for a model that decodes at ~1 tok/s)")
     ap.add_argument("--llama-cpp-dir", default=None, help="folder with llama.cpp's tools (default: PATH or the cached build)")
     ap.add_argument("--out", default="bench-llama-cpp", help="result folder")
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds one request may take")
@@ -136,6 +139,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                      f"and TYPE of {', '.join(FILE_TYPES)}")
     if not args.quants and not args.synthetic:
         ap.error("no files: give --quants or --synthetic")
+    if args.single_output < 2:
+        ap.error("--single-output must be at least 2 (TPOT needs two tokens)")
     if args.repeats < 1:
         ap.error("--repeats must be at least 1")
     if any(t < 1 for t in args.threads):
@@ -290,10 +295,12 @@ def main(argv=None) -> int:
                     warm(llama.base_url, args.timeout)
                     ours = InferqUp(gguf, threads, mode, out / f"inferq-up-{tag}.log")
                     warm(ours.base_url, args.timeout)
+                    workloads = dict(WORKLOADS, single=dataclasses.replace(
+                        WORKLOADS["single"], output_range=(args.single_output, args.single_output)))
                     for w in args.workloads:
                         runs = {"llama_cpp": [], "inferq": []}
                         for rep in range(args.repeats):
-                            reqs = WORKLOADS[w].requests_for(rep)
+                            reqs = workloads[w].requests_for(rep)
                             for side, server in (("llama_cpp", llama), ("inferq", ours)):
                                 runs[side].append(run_once(server.base_url, reqs, args.timeout))
                                 r = runs[side][-1]

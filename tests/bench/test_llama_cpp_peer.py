@@ -28,8 +28,10 @@ def test_peer_arguments():
     assert args.modes is None  # every mode this checkout has
     args = llama_cpp_peer.parse_args(["--quants", "none", "--synthetic", "llama-8b:Q4_K_M"])
     assert args.quants == [] and args.synthetic == ["llama-8b:Q4_K_M"]
+    assert llama_cpp_peer.parse_args([]).single_output == 256
+    assert llama_cpp_peer.parse_args(["--single-output", "48"]).single_output == 48
     for bad in (["--quants", "Q9_9"], ["--workloads", "huge"], ["--threads", "0"], ["--repeats", "0"],
-                ["--synthetic", "llama-9000:Q4_K_M"], ["--synthetic", "llama-8b:IQ1_S"], ["--quants", "none"]):
+                ["--synthetic", "llama-9000:Q4_K_M"], ["--single-output", "1"], ["--synthetic", "llama-8b:IQ1_S"], ["--quants", "none"]):
         with pytest.raises(SystemExit):
             llama_cpp_peer.parse_args(bad)
 
