@@ -8,7 +8,9 @@ downloaded: a decode step's time depends on the tensor types and shapes, not on 
 values, so random blocks (scales fixed to small finite values, so activations stay
 finite) measure what a published file of that shape and type would, in llama.cpp and in
 inferq alike. The tokenizer is the bundled SmolLM2 one, its token list padded with
-``[PAD<i>]`` tokens up to the shape's vocabulary, as llama.cpp's converter pads one.
+``[PAD<i>]`` tokens up to the shape's vocabulary, as llama.cpp's converter pads one, but as
+ordinary tokens: a random model's greedy output is often one such id over and over, and
+both servers must stream it as text for a client to see and time each token.
 
 Types per tensor follow llama-quantize's recipe for the file type (Q4_K_M: Q4_K
 everywhere except the LM head and, in the first and last eighth of the layers and every
@@ -29,7 +31,7 @@ import numpy as np
 from inferq.bench.random_model_shapes import SHAPES, Shape
 
 FILE_TYPES = {"Q4_K_M": 15, "Q8_0": 7, "Q4_0": 2}
-TOKEN_TYPE_UNUSED = 5
+TOKEN_TYPE_NORMAL = 1
 _SCALE = np.float16(2.0 ** -14)  # keeps every dequantized weight well inside bf16/f16 range
 
 
@@ -88,7 +90,7 @@ def _tokenizer_fields(vocab: int) -> dict:
     if pad < 0:
         raise ValueError(f"vocabulary {vocab} is smaller than the bundled tokenizer's")
     out["tokenizer.ggml.tokens"] = list(out["tokenizer.ggml.tokens"]) + [f"[PAD{i}]" for i in range(pad)]
-    out["tokenizer.ggml.token_type"] = list(out["tokenizer.ggml.token_type"]) + [TOKEN_TYPE_UNUSED] * pad
+    out["tokenizer.ggml.token_type"] = list(out["tokenizer.ggml.token_type"]) + [TOKEN_TYPE_NORMAL] * pad
     return out
 
 

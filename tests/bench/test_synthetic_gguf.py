@@ -41,6 +41,7 @@ def test_written_file_loads_natively_and_generates(tmp_path, monkeypatch):
     synthetic_gguf.write(path, SMALL, "Q4_K_M")
     reader = GGUFReader(str(path))
     assert len(reader.fields["tokenizer.ggml.tokens"].data) == SMALL.vocab_size
+    assert reader.fields["tokenizer.ggml.token_type"].contents()[-1] == synthetic_gguf.TOKEN_TYPE_NORMAL
     assert {t.tensor_type.name for t in reader.tensors} == {"Q4_K", "Q6_K", "F32"}
     del reader
 
@@ -56,6 +57,7 @@ def test_written_file_loads_natively_and_generates(tmp_path, monkeypatch):
     assert llm.engine.model.packing == "gguf-native"
     (out,) = llm.generate(["hello"], SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True))
     assert len(out.token_ids) == 6
+    assert llm.engine.tokenizer.decode([SMALL.vocab_size - 1]) == "[PAD63]"  # a padding id streams as text
 
 
 def test_unknown_shape_or_type_is_refused(tmp_path):
