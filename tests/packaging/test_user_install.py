@@ -16,7 +16,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import httpx
@@ -145,10 +144,11 @@ def test_inferq_up_from_a_web_apps_folder(user_venv, app_dir):
         bg = client.responses.create(model=MODEL, input=question, max_output_tokens=16, temperature=0,
                                      background=True)
         assert bg.status in ("queued", "in_progress", "completed"), bg
-        deadline = time.monotonic() + 300
-        while bg.status in ("queued", "in_progress") and time.monotonic() < deadline:
-            time.sleep(0.1)  # polling, as a backend does; the deadline only bounds a hang
-            bg = client.responses.retrieve(bg.id)
+        # Wait on the response's own event stream (it ends with the terminal event), then read it back.
+        events = list(client.responses.retrieve(bg.id, stream=True))
+        assert events and events[-1].type == "response.completed", events[-1:]
+        assert events[-1].response.output_text == answer
+        bg = client.responses.retrieve(bg.id)
         assert bg.status == "completed" and bg.output_text == answer, bg
 
         emb = client.embeddings.create(model=MODEL, input=["Paris is in France.", "The sea is blue."])
