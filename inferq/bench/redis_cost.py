@@ -236,6 +236,7 @@ def main(argv=None) -> int:
         "per_job": job, "per_event": event, "lease_refresh_round": lease,
         "long_phase_usec_per_call": per(long_, 1)["usec_per_call"],
         "phase_seconds": {"short": short["seconds"], "long": long_["seconds"]},
+        "long_phase_cpu_us": long_["cpu_us"],
         "long_phase_tokens_per_s": tokens / long_["seconds"],
     }
     print(json.dumps(out, indent=1, sort_keys=True))
