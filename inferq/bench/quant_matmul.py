@@ -1,11 +1,11 @@
 """GGUF quantized matmuls (gpuworker/models/quant_linear.py) against the bf16 panels of
-cpu_linear, on SmolLM2-135M's 30 layers of projections (qkv, o, gate|up, down).
+cpu_linear (float32 ones on a CPU without bf16), on SmolLM2-135M's 30 layers of projections (qkv, o, gate|up, down).
 
     inferq bench quant-matmul --types Q4_1,Q8_0 --rows 1,8,64 [--isa avx2]
 
 Per type and row count: one pass over every layer's weights with int8 activations (the
 default: the 16-row layout where the type has one, else the file's rows) and with float
-activations (the row kernel), and the bf16 panels once per row count. Times are the best of
+activations (the row kernel), and the bf16 (or float32) panels once per row count. Times are the best of
 ``--repeats`` passes in CPU time of the calling thread (``time.thread_time``: on a shared
 machine other processes' time slices do not count; memory contention still does), at
 ``--threads`` (default 1). Weights are random blocks of each type.
@@ -85,13 +85,16 @@ def main(argv=None) -> int:
                 cells.append(f"{s * 1e3:.1f} ({nbytes / s / 1e9:.1f})")
             print(f"| {name} | {m} | {cells[0]} | {cells[1]} | {layout} |", flush=True)
     clib = cpu_linear.load()
-    if clib is not None and clib.bf16:
-        ws = [cpu_linear.PackedWeight(clib, torch.randn(n, k).bfloat16()) for n, k in shapes]
+    if clib is not None:
+        # the dequantized model's matmuls: bf16 panels where the CPU has them, else float32
+        # (AVX2-only CPUs run the engine in float32: bf16 would be emulated)
+        dtype, label = (torch.bfloat16, f"bf16 panels ({clib.bf16})") if clib.bf16 else (torch.float32, f"fp32 panels ({clib.isa})")
+        ws = [cpu_linear.PackedWeight(clib, torch.randn(n, k).to(dtype)) for n, k in shapes]
         nbytes = sum(w.nbytes for w in ws)
         for m in rows:
-            xs = [torch.randn(m, w.k).bfloat16() for w in ws]
+            xs = [torch.randn(m, w.k).to(dtype) for w in ws]
             s = best_cpu_s(lambda: [w(x, None) for w, x in zip(ws, xs)], args.repeats)
-            print(f"| bf16 panels ({clib.bf16}) | {m} | {s * 1e3:.1f} ({nbytes / s / 1e9:.1f}) | | |", flush=True)
+            print(f"| {label} | {m} | {s * 1e3:.1f} ({nbytes / s / 1e9:.1f}) | | |", flush=True)
     return 0
 
 
