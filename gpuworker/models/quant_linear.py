@@ -4,9 +4,9 @@ A decode step of one sequence reads every weight once; a 4-bit weight is a quart
 bytes of a bf16 one, so the matmul unpacks the file's blocks in registers and never holds a
 dequantized copy. With int8 activations (the default) x is quantized to int8 blocks of 32 once
 per call (shared by the segments of a fused weight), then each 32-element block of a weight is
-one integer dot product (AVX512-VNNI's vpdpbusd, or AVX2's vpmaddubsw), scaled in float; on
-AVX512-VNNI the blocks are re-laid out once at load in groups of 16 rows (every supported
-type), one vpdpbusd then serving 16 rows. With float activations x stays float32 and the
+one integer dot product (AVX512-VNNI's vpdpbusd, or AVX2's vpmaddubsw), scaled in float; the
+blocks are re-laid out once at load in groups of 16 rows (every supported type), one vpdpbusd
+then serving 16 rows (AVX2: two vpmaddubsw of 8). With float activations x stays float32 and the
 weights are widened to float in registers (exact to float32 sums; the file's row layout).
 docs/kernels.md "Quantized GGUF weights" has the measurements behind the default.
 
@@ -137,7 +137,7 @@ class QuantWeight:
         self.layout = "rows"  # the file's blocks row by row; "x16": quant_repack16's groups of 16 rows
 
     def repack16(self, lib: ctypes.CDLL) -> "QuantWeight":
-        """Re-lay the blocks out for the 16-row kernel where it runs this type (AVX512-VNNI:
+        """Re-lay the blocks out for the 16-row kernel where it runs this type (both builds:
         Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K); the row bytes are dropped (one copy). Returns self."""
         size = lib.quant_repack16_bytes(self.qtype, self.n, self.k)
         if self.layout != "rows" or not lib.repack16 or size < 0:

@@ -14,7 +14,9 @@
    tile it falls in or the thread that runs it (batch invariance, docs/kernels.md).
 
    Built twice by gpuworker/models/quant_linear.py: with AVX512-VNNI + VL (256-bit vpdpbusd)
-   and with AVX2 + FMA + F16C; the #if below picks the dot product. */
+   and with AVX2 + FMA + F16C; the #if below picks the dot product. The row kernels here run
+   float activations and the file's row layout; int8 activations run the 16-row layout
+   (quant_repack16.h) of quant_g16_avx512.h or quant_g16_avx2.h. */
 #include <immintrin.h>
 #include <stdint.h>
 #include <string.h>

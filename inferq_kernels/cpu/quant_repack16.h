@@ -2,13 +2,11 @@
    once at load for the 16-row kernels of quant_g16_avx512.h and quant_g16_avx2.h, and its row
    lookup (the embedding). Plain C: the same bytes on every ISA. */
 
-/* ---------------------------------------------------------------- 16-row interleaved (AVX512-VNNI) */
-
 /* Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 repacked once at load for a 512-bit dot: rows in groups of
    16, and per group and 32-element block one record: the 16 rows' scales d (f16 [16]), their
    offsets o (f16 [16]: Q4_1's and Q5_1's m, Q4_0's -8 d, Q5_0's -16 d, Q8_0's -128 d), then the
    weights as unsigned q (the weight is d * q + o), 4 bytes (4 elements) of each of the 16 rows
-   per 64-byte vector: Q8_0 8 vectors (element 4t + b of row r at byte 4r + b of vector t, as
+   per 64-byte vector (rows 0-7 in its first 32 bytes: AVX2's half): Q8_0 8 vectors (element 4t + b of row r at byte 4r + b of vector t, as
    w + 128); Q4_x and Q5_x 4 vectors of nibbles (vector p: element 8p + b in the low nibble of
    byte 4r + b, element 8p + 4 + b in the high), Q5_x then one vector of fifth bits (bits 2p and
    2p + 1 of byte 4r + b: those of vector p's low and high nibble, as Q5_K's below). One
