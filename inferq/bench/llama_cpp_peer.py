@@ -83,20 +83,31 @@ WORKLOADS = {
 # dequantize: the weights dequantized at load and held in the dtype; native: kept as
 # stored, the linears on the quantized CPU kernels (gpuworker/models/quant_linear.py).
 GGUF_WEIGHTS_ENV = "INFERQ_GGUF_WEIGHTS"
-OUR_MODES = {"bf16-dequantized": ("bfloat16", "dequantize"), "native": ("bfloat16", "native")}
+# A CPU without bf16 hardware (AVX2 only) runs the engine in float32 (bf16 would be emulated, its
+# attention on scalar loops): the fp32 modes, the same weights.
+OUR_MODES = {"bf16-dequantized": ("bfloat16", "dequantize"), "native": ("bfloat16", "native"),
+             "fp32-dequantized": ("float32", "dequantize"), "native-fp32": ("float32", "native")}
+
+
+def cpu_has_bf16() -> bool:
+    from inferq.kernels.cpu import loader
+
+    return loader.cpu_has("avx512_bf16") or loader.cpu_has("amx_bf16")
 
 
 def available_modes() -> list[str]:
-    """The modes this checkout and CPU have: native needs the GGUF loader's native path
-    and its kernels built."""
+    """The modes this checkout and CPU have, the engine's natural dtype here first (bf16
+    where the CPU has bf16 hardware, else float32): native needs the GGUF loader's native
+    path and its kernels built."""
     from inferq.gpuworker.models import gguf_loader
 
-    modes = ["bf16-dequantized"]
+    bf16 = cpu_has_bf16()
+    modes = ["bf16-dequantized" if bf16 else "fp32-dequantized"]
     if "native" in getattr(gguf_loader, "WEIGHT_MODES", ()):
         from inferq.gpuworker.models import quant_linear
 
         if quant_linear.load() is not None:
-            modes.append("native")
+            modes.append("native" if bf16 else "native-fp32")
     return modes
 
 
@@ -270,8 +281,9 @@ def main(argv=None) -> int:
     from inferq.gpuworker.models.loader import bundled_model_path
 
     modes = available_modes()
+    native_here = any(OUR_MODES[m][1] == "native" for m in modes)
     for m in args.modes or []:
-        if m not in modes:
+        if OUR_MODES[m][1] == "native" and not native_here:
             raise SystemExit(f"inferq mode {m!r} is not available here (this checkout and CPU have {', '.join(modes)})")
     modes = args.modes or modes
     bin_dir = tools(args.llama_cpp_dir)

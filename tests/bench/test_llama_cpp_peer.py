@@ -36,6 +36,15 @@ def test_peer_arguments():
             llama_cpp_peer.parse_args(bad)
 
 
+def test_default_modes_run_the_engine_in_this_cpus_dtype():
+    """bf16 where the CPU has bf16 hardware; on an AVX2-only CPU float32 (bf16 would be emulated)."""
+    modes = llama_cpp_peer.available_modes()
+    want = "bfloat16" if llama_cpp_peer.cpu_has_bf16() else "float32"
+    assert modes and all(llama_cpp_peer.OUR_MODES[m][0] == want for m in modes)
+    assert llama_cpp_peer.OUR_MODES[modes[0]][1] == "dequantize"
+    assert llama_cpp_peer.parse_args(["--modes", "native-fp32,fp32-dequantized"]).modes == ["native-fp32", "fp32-dequantized"]
+
+
 def test_peer_table_gives_inferq_over_llama_cpp_ratios():
     row = {"threads": 1, "workload": "single", "file": "Q4_1", "mode": "bf16-dequantized",
            "llama_cpp": {"output_tok_s": 100.0, "tpot_ms": 10.0}, "inferq": {"output_tok_s": 50.0, "tpot_ms": 20.0}}
