@@ -14,8 +14,9 @@ The replay runs exactly the kernels the layer-by-layer forward runs (llama.py:
 kernel of the torch backend) with the same inputs, so its results are the same bits: the
 first replay of each ``b`` is checked against the forward, and any difference (or a kernel
 refusing its arguments) turns the replay off for good, the forward giving the step's result.
-A projection whose weight is not a ``PackedWeight`` (a GGUF's quantized blocks,
-quant_linear.py) is replayed as its own call, its result copied into the fixed buffer. Where a
+A GGUF's quantized projection (quant_linear.py) is replayed as its kernels' calls on the
+fixed buffers (``QuantLinear.replay_call``: the activation quantizer, then each segment);
+any other projection as its own call, its result copied into the fixed buffer. Where a
 piece has no C kernel here (oneDNN packing, q/k norms, a KV cache of another dtype, the
 attention backend not on its C decode kernel) the model never replays.
 """
@@ -110,8 +111,13 @@ class _Recording:
         self.final = (norm, ptr(model.norm), eps)
 
     def _linear(self, w, x: torch.Tensor, bias, y: torch.Tensor):
-        """PackedWeight._kernel's call on fixed buffers; any other projection's own call."""
+        """PackedWeight._kernel's call on fixed buffers; a quantized projection's own kernel calls
+        (QuantLinear.replay_call) where it has them and no bias; else the projection's call."""
         if not isinstance(w, PackedWeight):
+            raw = getattr(w, "replay_call", None)
+            call = raw(x, y) if raw is not None and bias is None else None
+            if call is not None:
+                return (self.wrap_linear(call[0]), call[1])
             return (self.wrap_linear(_call_into), (w, x, bias, y))
         return (self.wrap_linear(w._run), (x.data_ptr(), x.stride(0), x.shape[0], w.packed.data_ptr(), w.n, w.k,
                                            None if bias is None else bias.data_ptr(), y.data_ptr(), w.n))

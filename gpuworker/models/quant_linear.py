@@ -251,6 +251,41 @@ class QuantLinear:
             col += seg.n
         return y if bias is None else y.add_(bias)
 
+    def replay_call(self, x: torch.Tensor, y: torch.Tensor):
+        """``(fn, args)``: ``fn(*args)`` computes ``y = x @ W^T`` on these fixed buffers with the
+        kernel calls ``__call__`` makes (the activation quantizer, then each segment into its
+        columns of y), for the CPU decode replay (cpu_decode_replay.py): no tensor is made and
+        no argument worked out per call. None where a segment has no such call (a float
+        segment, float activations)."""
+        if (self.activations != "int8" or not all(isinstance(s, QuantWeight) for s in self.segments)
+                or x.dim() != 2 or y.dim() != 2 or x.shape[1] != self.k or tuple(y.shape) != (x.shape[0], self.n)
+                or x.stride(1) != 1 or y.stride(1) != 1 or x.dtype != y.dtype
+                or x.dtype not in (torch.float32, torch.bfloat16)):
+            return None
+        lib, (m, k), bf16 = self.lib, x.shape, int(x.dtype == torch.bfloat16)
+        xq = torch.empty(m, k, dtype=torch.int8)
+        xd = torch.empty(m, k // 32, dtype=torch.float32)
+        xs = torch.empty(m, k // 32, 4, dtype=torch.float32)
+        quantize = (lib.quant_x, (x.data_ptr(), x.stride(0), bf16, m, k, xq.data_ptr(), xd.data_ptr(), xs.data_ptr()))
+        runs, col = [], 0
+        for seg in self.segments:
+            run = lib.quant_linear16 if seg.layout == "x16" else lib.quant_linear
+            runs.append((run, (seg.qtype, xq.data_ptr(), xd.data_ptr(), xs.data_ptr(), m, k, seg.packed.data_ptr(),
+                               seg.n, y.data_ptr() + col * y.element_size(), y.stride(0), bf16)))
+            col += seg.n
+        buffers = (xq, xd, xs)  # alive as long as the call
+
+        def call() -> int:
+            assert buffers
+            quantize[0](*quantize[1])
+            for fn, args in runs:
+                rc = fn(*args)
+                if rc:
+                    return rc
+            return 0
+
+        return call, ()
+
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         """Rows ``ids`` of the (single-segment) weight as ``self.dtype``: the embedding."""
         if len(self.segments) != 1:

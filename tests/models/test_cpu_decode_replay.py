@@ -83,3 +83,28 @@ def test_replay_can_be_switched_off(tiny_folder, monkeypatch):
     torch.set_num_threads(1)
     llm = LLM(model=str(tiny_folder), dtype="float32", num_kv_blocks=64)
     assert llm.engine.model.decode_replay is None
+
+
+def test_gguf_native_projections_replay_as_their_kernel_calls(monkeypatch):
+    """The bundled Q4_1 model with its blocks as stored: every quantized projection is
+    replayed as its own kernel calls (QuantLinear.replay_call: no tensors made per step), and
+    the tokens are the forward's at 1 to 3 rows, the replay's first-step checks passing."""
+    from inferq.gpuworker.models import cpu_decode_replay
+    from inferq.gpuworker.models import quant_linear as ql
+    from inferq.gpuworker.models.loader import bundled_model_path
+
+    if ql.load() is None:
+        pytest.skip("the quantized CPU kernels do not build here (no C compiler or no AVX2)")
+    monkeypatch.setenv("INFERQ_GGUF_WEIGHTS", "native")
+    monkeypatch.setenv("INFERQ_GGUF_ACTIVATIONS", "int8")
+    llm = _engine(bundled_model_path(), "float32")
+    replay = llm.engine.model.decode_replay
+    expected = _run(llm, None)
+    got = _run(llm, replay)
+    assert got == expected
+    assert replay.enabled, "the replay's first-step check found a difference from the forward"
+    assert {1, 2, 3} <= replay._checked, f"replayed row counts {sorted(replay._checked)}"
+    for rec in replay._recordings.values():
+        for pre, qkv, post, mlp, o, down in rec.layers:
+            for call in (qkv, o, down, *mlp):
+                assert call[0] is not cpu_decode_replay._call_into, "a quantized projection went through Python"
