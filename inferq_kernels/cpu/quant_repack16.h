@@ -4,10 +4,10 @@
 
 /* Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 repacked once at load for a 512-bit dot: rows in groups of
    16, and per group and 32-element block one record: the 16 rows' scales d (f16 [16]), their
-   offsets o (f16 [16]: Q4_1's and Q5_1's m, Q4_0's -8 d, Q5_0's -16 d, Q8_0's -128 d), then the
-   weights as unsigned q (the weight is d * q + o), 4 bytes (4 elements) of each of the 16 rows
-   per 64-byte vector (rows 0-7 in its first 32 bytes: AVX2's half): Q8_0 8 vectors (element 4t + b of row r at byte 4r + b of vector t, as
-   w + 128); Q4_x and Q5_x 4 vectors of nibbles (vector p: element 8p + b in the low nibble of
+   offsets o (f16 [16]: Q4_1's and Q5_1's m, Q4_0's -8 d, Q5_0's -16 d, Q8_0's -128 d but on
+   AVX2), then the weights as unsigned q (the weight is d * q + o), 4 bytes (4 elements) of each
+   of the 16 rows per 64-byte vector (rows 0-7 in its first 32 bytes: AVX2's half): Q8_0 8
+   vectors (element 4t + b of row r at byte 4r + b of vector t, as w + 128); Q4_x and Q5_x 4 vectors of nibbles (vector p: element 8p + b in the low nibble of
    byte 4r + b, element 8p + 4 + b in the high), Q5_x then one vector of fifth bits (bits 2p and
    2p + 1 of byte 4r + b: those of vector p's low and high nibble, as Q5_K's below). One
    vpdpbusd then serves 16 rows against 4 of x's bytes (broadcast): the scales, the
@@ -27,10 +27,20 @@
 static inline int k16_sub_bytes(int type) {
     return type == GGML_Q4_K ? 32 + 256 : type == GGML_Q5_K ? 32 + 256 + 64 : type == GGML_Q6_K ? 32 + 256 + 128 : 0;
 }
+/* Bytes before a record's weights: the scales and offsets of the 16 rows. The AVX2 kernel
+   reads no offset for Q8_0 (|w| against sign(x, w)), so its build stores none: 8.5 bits a
+   weight, the file's, where the AVX512 build (unsigned w + 128 for vpdpbusd, offset -128 d)
+   holds 9. */
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#define Q8_0_HEAD 64
+#else
+#define Q8_0_HEAD 32
+#endif
+static inline int rec16_head(int type) { return type == GGML_Q8_0 ? Q8_0_HEAD : 64; }
 static inline int rec16_bytes(int type) { /* per group and 32 elements (K-quants: per 256) */
     if (k16_sub_bytes(type)) return 64 + 8 * k16_sub_bytes(type);
     switch (type) {
-    case GGML_Q8_0: return 64 + 512;
+    case GGML_Q8_0: return Q8_0_HEAD + 512;
     case GGML_Q4_0: case GGML_Q4_1: return 64 + 256;
     case GGML_Q5_0: case GGML_Q5_1: return 64 + 256 + 64; /* the nibbles, then the fifth-bit plane */
     default: return 0;
@@ -113,14 +123,14 @@ int quant_repack16(int type, const uint8_t *w, int64_t n, int64_t k, uint8_t *ou
         for (int64_t b = 0; b < nb; ++b) {
             uint8_t *rec = out + (g * nb + b) * rb;
             uint16_t *d = (uint16_t *)rec, *o = (uint16_t *)(rec + 32);
-            uint8_t *q = rec + 64;
+            uint8_t *q = rec + rec16_head(type);
             for (int r = 0; r < G16 && g * G16 + r < n; ++r) {
                 const uint8_t *p = w + (g * G16 + r) * row_bytes + b * qblock_bytes(type);
                 uint8_t e[32]; /* unsigned q of the 32 elements */
                 if (type == GGML_Q8_0) {
                     const blk_q8_0 *blk = (const blk_q8_0 *)p;
                     d[r] = blk->d;
-                    o[r] = _cvtss_sh(-128.0f * f16_to_f32(blk->d), 0);
+                    if (Q8_0_HEAD == 64) o[r] = _cvtss_sh(-128.0f * f16_to_f32(blk->d), 0);
                     for (int i = 0; i < 32; ++i) e[i] = (uint8_t)(blk->qs[i] + 128);
                     for (int t = 0; t < 8; ++t)
                         for (int i = 0; i < 4; ++i) q[t * 64 + 4 * r + i] = e[4 * t + i];
@@ -183,8 +193,9 @@ static void repacked_row(int type, const uint8_t *wp, int64_t k, int64_t row, fl
     const int r = (int)(row % G16);
     for (int64_t b = 0; b < nb; ++b) {
         const uint8_t *rec = wp + (g * nb + b) * rb;
-        const float d = f16_to_f32(((const uint16_t *)rec)[r]), o = f16_to_f32(((const uint16_t *)(rec + 32))[r]);
-        const uint8_t *q = rec + 64;
+        const float d = f16_to_f32(((const uint16_t *)rec)[r]);
+        const float o = type == GGML_Q8_0 ? 0.0f : f16_to_f32(((const uint16_t *)(rec + 32))[r]);
+        const uint8_t *q = rec + rec16_head(type);
         for (int e = 0; e < 32; ++e) {
             float v;
             if (type == GGML_Q8_0) {
