@@ -58,11 +58,15 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--isa", default=None, choices=["avx512_vnni", "avx2"], help="force a build (default: the best here)")
+    p.add_argument("--int8-layout", default="x16", choices=["x16", "rows"],
+                   help="int8 activations on the 16-row layout (what the engine runs) or on the file's rows")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     lib = ql.load(args.isa)
     if lib is None:
         raise SystemExit("the quantized kernels do not build here")
+    if args.int8_layout == "rows":
+        lib.repack16 = False  # this process only: QuantLinear keeps the file's rows
     rows = [int(r) for r in args.rows.split(",")]
     shapes = SMOLLM2_LAYER * args.layers
     print(f"kernels: {lib.isa}; {args.threads} thread(s); {args.layers} layers of SmolLM2-135M's projections; "
