@@ -62,7 +62,7 @@ _FLAGS = ["-O3", "-march=native", "-mamx-tile", "-mamx-bf16", "-mavx512bf16", "-
 # float32 on CPUs with AVX2 + FMA but no AVX-512 (e.g. AMD EPYC before Zen 4): the same
 # scheme with 16-column panels and 6 x 16 accumulators (inferq_kernels/cpu/linear_avx2.c).
 # Built without -march=native so an AVX-512 build machine cannot slip wider code in.
-_FLAGS_AVX2 = ["-O3", "-mavx2", "-mfma", "-std=gnu11"]
+_FLAGS_AVX2 = ["-O3", "-mavx2", "-mfma", "-mf16c", "-std=gnu11"]
 
 _lock = threading.Lock()
 _loaded: "ctypes.CDLL | None | bool" = False  # False = not tried yet
@@ -121,6 +121,7 @@ def _build() -> ctypes.CDLL | None:
         return None
     declare(lib, "avx512" if avx512 else "avx2")
     lib.amx = avx512 and cpu_kernels.cpu_has("amx_tile", "amx_bf16", "avx512_bf16") and lib.amx_enable() == 0
+    lib.f16 = not avx512 and cpu_kernels.cpu_has("f16c")  # float16 panels (f16_linear), AVX2 build
     lib.bf16 = "amx" if lib.amx else ("avx512_bf16" if avx512 and cpu_kernels.cpu_has("avx512_bf16") else None)
     return lib
 
@@ -129,7 +130,7 @@ def declare(lib: ctypes.CDLL, isa: str) -> None:
     """Give a built linear_<isa>.c its ctypes signatures and ``lib.isa``."""
     p, i = ctypes.c_void_p, ctypes.c_int64
     fns = (("amx_pack_bf16", "dp_pack_bf16", "f32_pack", "amx_linear_bf16", "dp_linear_bf16", "f32_linear")
-           if isa == "avx512" else ("f32_pack", "f32_linear"))
+           if isa == "avx512" else ("f32_pack", "f32_linear", "f16_pack", "f16_linear"))
     for name in fns:
         getattr(lib, name).argtypes = [p, i, i, p] if "pack" in name else [p, i, i, p, i, i, p, p, i]
         getattr(lib, name).restype = ctypes.c_int
@@ -148,9 +149,12 @@ def declare(lib: ctypes.CDLL, isa: str) -> None:
 
 
 def can_pack(lib: ctypes.CDLL, weight: torch.Tensor) -> bool:
-    """Whether ``weight`` has a kernel here: a CPU matrix of 32k rows (and 32k columns in bf16)."""
+    """Whether ``weight`` has a kernel here: a CPU matrix of 32k rows (and 32k columns in bf16);
+    a float16 one (a GGUF's F16 weights, float32 activations) on the AVX2 build."""
     if weight.dim() != 2 or weight.device.type != "cpu" or weight.shape[0] % 32:
         return False
+    if weight.dtype == torch.float16:
+        return getattr(lib, "f16", False)
     if weight.dtype == torch.bfloat16:
         return weight.shape[1] % (32 if lib.bf16 == "amx" else 2) == 0 if lib.bf16 else False
     return weight.dtype == torch.float32
@@ -166,9 +170,13 @@ class PackedWeight:
             raise ValueError(f"no CPU kernel for a {weight.dtype} weight of shape {tuple(weight.shape)} "
                              "(needs multiples of 32; bf16 needs AMX or AVX512-BF16)")
         self.lib = lib
-        self.dtype = weight.dtype
+        self.dtype = torch.float32 if weight.dtype == torch.float16 else weight.dtype  # of x and y
         self.n, self.k = weight.shape
-        if self.dtype == torch.bfloat16:
+        if weight.dtype == torch.float16:  # AVX2: the float32 kernel on half-width panels
+            self.layout = "f16"
+            self.max_rows = f32_max_rows(lib)
+            self._pack, self._run = lib.f16_pack, lib.f16_linear
+        elif self.dtype == torch.bfloat16:
             self.layout = lib.bf16  # "amx" or "avx512_bf16"
             self.max_rows = MAX_ROWS_AMX_BF16 if lib.bf16 == "amx" else MAX_ROWS_DP_BF16
             self._pack, self._run = ((lib.amx_pack_bf16, lib.amx_linear_bf16) if lib.bf16 == "amx"
@@ -177,7 +185,7 @@ class PackedWeight:
             self.layout = "f32"
             self.max_rows = f32_max_rows(lib)
             self._pack, self._run = lib.f32_pack, lib.f32_linear
-        self.panel = 16 if lib.isa == "avx2" and self.layout == "f32" else 32  # output columns per panel
+        self.panel = 16 if lib.isa == "avx2" and self.layout in ("f32", "f16") else 32  # output columns per panel
         w = weight.detach().contiguous()
         self.packed = torch.empty_like(w)
         self._pack(w.data_ptr(), self.n, self.k, self.packed.data_ptr())
@@ -233,9 +241,9 @@ class PackedWeight:
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         """``weight[ids]`` (exact copies), gathered from the panels: an embedding lookup."""
         ids = ids.reshape(-1)
-        if self.layout == "f32":  # [n/P][k][P]
+        if self.layout in ("f32", "f16"):  # [n/P][k][P]
             p = self.panel
-            return self.packed.view(self.n // p, self.k, p)[ids // p, :, ids % p]
+            return self.packed.view(self.n // p, self.k, p)[ids // p, :, ids % p].to(self.dtype)
         if self.layout == "avx512_bf16":  # [n/32][k/2][32][2]
             got = self.packed.view(self.n // 32, self.k // 2, 32, 2)[ids // 32, :, ids % 32, :]
         else:  # amx: [n/32][k/32][2 tiles][16 k pairs][16 columns][2]

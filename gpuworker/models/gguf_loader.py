@@ -275,8 +275,8 @@ def check_native_types(table: list[dict]) -> None:
 def native_tensors(gguf_path: Path, cfg: dict, table: list[dict]) -> dict[str, "torch.Tensor | tuple[torch.Tensor, int, int]"]:
     """Every tensor of ``table`` (``tensor_table``) under its HF name, as stored: a quantized
     weight as ``(packed uint8 [rows, row_bytes], ggml type id, k)``, one copy of the file's
-    blocks (q/k rows put back in HF's order); a float tensor (norms, F16/F32 weights) as
-    float32. The file's mapping is gone on return, so only these copies stay resident."""
+    blocks (q/k rows put back in HF's order); an F16 matrix as float16, any other float tensor
+    (norms, F32 / BF16 weights) as float32. The file's mapping is gone on return, so only these copies stay resident."""
     out = _read_native(gguf_path, cfg, table)
     gc.collect()  # the file's memmap is unmapped now, not at some later collection
     return out
@@ -297,6 +297,10 @@ def _read_native(gguf_path: Path, cfg: dict, table: list[dict]) -> dict:
         raw = data[t["offset"]:t["offset"] + t["nbytes"]]
         qtype = GGMLQuantizationType(t["type"])
         k, rows = t["shape"][0], int(np.prod(t["shape"][1:], dtype=np.int64))
+        if t["type_name"] == "F16" and len(t["shape"]) == 2:  # kept at its width (quant_linear.FloatWeight)
+            w = raw.view(np.float16).reshape(rows, k)
+            out[name] = torch.from_numpy(np.array(reverse_rotary_permutation(w, heads) if heads else w, copy=True))
+            continue
         if t["type_name"] in _FLOAT_TYPES:
             w = np.asarray(dequantize(raw.reshape(rows, -1), qtype), dtype=np.float32).reshape(rows, k)
             if len(t["shape"]) == 1:

@@ -181,12 +181,16 @@ class QuantWeight:
 
 
 class FloatWeight:
-    """A segment stored as float in the file: a cpu_linear PackedWeight where it applies."""
+    """A segment stored as float in the file: a cpu_linear PackedWeight where it applies. An F16
+    matrix with float32 activations keeps its width where the float32 kernel reads float16
+    panels (AVX2: half the bytes, the same products as its float32 copy)."""
 
     def __init__(self, weight: torch.Tensor, dtype: torch.dtype) -> None:
-        w = weight.to(dtype).contiguous()
-        self.n, self.k = w.shape
         lib = cpu_linear.load()
+        keep16 = (weight.dtype == torch.float16 and dtype == torch.float32 and lib is not None
+                  and cpu_linear.can_pack(lib, weight))
+        w = (weight if keep16 else weight.to(dtype)).contiguous()
+        self.n, self.k = w.shape
         self.packed_weight = cpu_linear.PackedWeight(lib, w) if lib is not None and cpu_linear.can_pack(lib, w) else None
         self.weight = None if self.packed_weight is not None else w
         self.packed = self.packed_weight.packed if self.packed_weight is not None else w
@@ -257,28 +261,40 @@ class QuantLinear:
         columns of y), for the CPU decode replay (cpu_decode_replay.py): no tensor is made and
         no argument worked out per call. None where a segment has no such call (a float
         segment, float activations)."""
-        if (self.activations != "int8" or not all(isinstance(s, QuantWeight) for s in self.segments)
+        quantized = [s for s in self.segments if isinstance(s, QuantWeight)]
+        if ((quantized and self.activations != "int8")
+                or not all(isinstance(s, QuantWeight) or (s.packed_weight is not None and s.packed_weight.applies(x))
+                           for s in self.segments)
                 or x.dim() != 2 or y.dim() != 2 or x.shape[1] != self.k or tuple(y.shape) != (x.shape[0], self.n)
                 or x.stride(1) != 1 or y.stride(1) != 1 or x.dtype != y.dtype
                 or x.dtype not in (torch.float32, torch.bfloat16)):
             return None
         lib, (m, k), bf16 = self.lib, x.shape, int(x.dtype == torch.bfloat16)
-        xq = torch.empty(m, k, dtype=torch.int8)
-        xd = torch.empty(m, k // 32, dtype=torch.float32)
-        xs = torch.empty(m, k // 32, 4, dtype=torch.float32)
-        quantize = (lib.quant_x, (x.data_ptr(), x.stride(0), bf16, m, k, xq.data_ptr(), xd.data_ptr(), xs.data_ptr()))
-        runs, col = [], 0
+        buffers: tuple = ()
+        calls, col = [], 0
+        if quantized:
+            xq = torch.empty(m, k, dtype=torch.int8)
+            xd = torch.empty(m, k // 32, dtype=torch.float32)
+            xs = torch.empty(m, k // 32, 4, dtype=torch.float32)
+            buffers = (xq, xd, xs)  # alive as long as the call
+            quantize = lambda: lib.quant_x(x.data_ptr(), x.stride(0), bf16, m, k, xq.data_ptr(), xd.data_ptr(),  # noqa: E731
+                                           xs.data_ptr()) or 0
+            calls.append((quantize, ()))
         for seg in self.segments:
-            run = lib.quant_linear16 if seg.layout == "x16" else lib.quant_linear
-            runs.append((run, (seg.qtype, xq.data_ptr(), xd.data_ptr(), xs.data_ptr(), m, k, seg.packed.data_ptr(),
-                               seg.n, y.data_ptr() + col * y.element_size(), y.stride(0), bf16)))
+            out = y.data_ptr() + col * y.element_size()
+            if isinstance(seg, QuantWeight):
+                run = lib.quant_linear16 if seg.layout == "x16" else lib.quant_linear
+                calls.append((run, (seg.qtype, xq.data_ptr(), xd.data_ptr(), xs.data_ptr(), m, k,
+                                    seg.packed.data_ptr(), seg.n, out, y.stride(0), bf16)))
+            else:  # cpu_linear's kernel on its panels, into this segment's columns
+                pw = seg.packed_weight
+                calls.append((pw._run, (x.data_ptr(), x.stride(0), m, pw.packed.data_ptr(), pw.n, pw.k, None, out,
+                                        y.stride(0))))
             col += seg.n
-        buffers = (xq, xd, xs)  # alive as long as the call
 
         def call() -> int:
-            assert buffers
-            quantize[0](*quantize[1])
-            for fn, args in runs:
+            assert buffers is not None
+            for fn, args in calls:
                 rc = fn(*args)
                 if rc:
                     return rc

@@ -355,3 +355,25 @@ def test_model_with_packed_weights_matches_the_plain_model(lib, dtype, tied, tmp
             assert held_bytes(onednn.model) <= 1.1 * one_copy_bytes(onednn.model)
         for a, b in zip(run_chunked(onednn.model, seqs), want):
             assert torch.equal(a, b)
+
+
+def test_float16_panels_give_the_float32_panels_bits(lib):
+    """AVX2: a float16 weight (a GGUF's F16) packs to half-width panels read by the float32
+    kernel, the same products and sums as the float32 panels of its values, at any row count
+    and thread count; rows() reads its values back."""
+    if not getattr(lib, "f16", False):
+        pytest.skip("float16 panels are the AVX2 build's (F16C); AVX-512 CPUs keep F16 weights as bf16/float32")
+    w16 = (0.1 * torch.randn(96, 320)).half()
+    p16, p32 = cpu_linear.PackedWeight(lib, w16), cpu_linear.PackedWeight(lib, w16.float())
+    assert p16.layout == "f16" and p16.dtype == torch.float32 and p16.nbytes * 2 == p32.nbytes
+    bias = torch.randn(96)
+    before = torch.get_num_threads()
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            for m in (1, 5, 64, 400):
+                x = torch.randn(m, 320)
+                assert torch.equal(p16(x, bias), p32(x, bias)), (threads, m)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(p16.rows(torch.tensor([0, 17, 95])), w16.float()[[0, 17, 95]])

@@ -184,6 +184,35 @@ def test_tiny_model_of_each_type_matches_its_dequantized_weights(mix, activation
         assert torch.equal(got.argmax(-1), want.argmax(-1))
 
 
+def test_f16_weights_keep_their_width_and_give_their_float32_copys_bits():
+    """A GGUF's F16 matrices on a float32 engine: on the AVX2 build the float32 kernel reads
+    them as float16 panels (half the bytes of their float32 copy) and gives that copy's bits."""
+    from inferq.gpuworker.models import cpu_linear
+
+    lib = cpu_linear.load()
+    if lib is None or not getattr(lib, "f16", False):
+        pytest.skip("float16 panels are the AVX2 build's (with F16C); AVX-512 CPUs hold F16 weights as bf16/float32")
+    cfg = ModelConfig.from_hf({**TINY, "tie_word_embeddings": True})
+    native16, _ = _tiny_weights(MIXES["Q8_0"], tied=True)
+    gen = torch.Generator().manual_seed(5)
+    for name, v in list(native16.items()):
+        if isinstance(v, tuple):  # every matrix F16 instead
+            native16[name] = (0.05 * torch.randn(v[0].shape[0], v[2], generator=gen)).half()
+    native32 = {k: v.float() if v.dtype == torch.float16 else v for k, v in native16.items()}
+    backend = get_backend("torch")
+    models = []
+    for weights in (native16, native32):
+        model = LlamaForCausalLM(cfg, backend)
+        ql.install(model, weights, ql.load())
+        models.append(model)
+    seg16, seg32 = (m.layers[0].packed["gate_up"].segments[0] for m in models)
+    assert seg16.packed_weight.layout == "f16" and seg32.packed_weight.layout == "f32"
+    assert seg16.packed_weight.nbytes * 2 == seg32.packed_weight.nbytes
+    ids = [3, 17, 250, 299, 0, 42, 7, 7, 100]
+    got, want = (PagedDriver(m, backend).step([(0, ids)])[0] for m in models)
+    assert torch.equal(got, want)
+
+
 def test_a_type_without_a_kernel_fails_at_load_naming_the_tensor(tmp_path):
     from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter
 
