@@ -13,6 +13,13 @@ import pytest
 
 from inferq.ports import free_port
 
+# Without a GPU the Triton kernels run interpreted, and the interpreter's tl.dot is numpy's
+# matmul. OpenBLAS's Haswell sgemm kernel (its choice on AVX2-only CPUs) gives a row bits that
+# depend on where the row sits in the tile (seen on a Zen 3), which a GPU's MMA does not: the
+# Triton batch-invariance tests need a dot whose rows are independent, as the generic kernel's
+# are. OpenBLAS reads this when it loads (numpy's import), so it is set before anything imports
+# numpy or torch; numpy's BLAS is not on any hot path of the tests.
+os.environ.setdefault("OPENBLAS_CORETYPE", "Prescott")
 # Two shared cores: keep torch from oversubscribing them.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
