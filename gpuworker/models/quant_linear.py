@@ -364,14 +364,14 @@ def install(model, tensors: dict, lib: ctypes.CDLL, activations: str | None = No
                 put(getattr(layer, attr), take(f"{pre}{norm}.weight"), f"{pre}{norm}.weight")
     put(model.norm, take("model.norm.weight"), "model.norm.weight")
 
+    # The embedding table as a projection too, quantized or float (an F16 table keeps its width
+    # where the float kernels read float16): its rows are the lookup, and tied it is the LM head
+    # on the same kernels, never a second copy.
     tied = model.lm_head is model.embed_tokens
-    if isinstance(tensors.get("model.embed_tokens.weight"), tuple):
-        embed = quant_linear(model, "embed_tokens", ["model.embed_tokens.weight"])
-        model.packed_embed = embed
-        if tied:
-            model.lm_head, model.packed_lm_head = None, embed
-    else:
-        put(model.embed_tokens, take("model.embed_tokens.weight"), "model.embed_tokens.weight")
+    embed = quant_linear(model, "embed_tokens", ["model.embed_tokens.weight"])
+    model.packed_embed = embed
+    if tied:
+        model.lm_head, model.packed_lm_head = None, embed
     if not tied:
         model.packed_lm_head = quant_linear(model, "lm_head", ["lm_head.weight"])
     tensors.pop("lm_head.weight", None)  # a tied model's file may still carry it
