@@ -270,13 +270,11 @@ class QuantLinear:
                 or x.dtype not in (torch.float32, torch.bfloat16)):
             return None
         lib, (m, k), bf16 = self.lib, x.shape, int(x.dtype == torch.bfloat16)
-        buffers: tuple = ()
         calls, col = [], 0
-        if quantized:
+        if quantized:  # x's int8 blocks in buffers of their own, held by this closure
             xq = torch.empty(m, k, dtype=torch.int8)
             xd = torch.empty(m, k // 32, dtype=torch.float32)
             xs = torch.empty(m, k // 32, 4, dtype=torch.float32)
-            buffers = (xq, xd, xs)  # alive as long as the call
             quantize = lambda: lib.quant_x(x.data_ptr(), x.stride(0), bf16, m, k, xq.data_ptr(), xd.data_ptr(),  # noqa: E731
                                            xs.data_ptr()) or 0
             calls.append((quantize, ()))
@@ -293,7 +291,6 @@ class QuantLinear:
             col += seg.n
 
         def call() -> int:
-            assert buffers is not None
             for fn, args in calls:
                 rc = fn(*args)
                 if rc:

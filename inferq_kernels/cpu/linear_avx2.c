@@ -2,24 +2,19 @@
 #include <stdint.h>
 #include "threads.h"
 
-/* W[n,k] row-major -> [n/16 panels][k][16]: a panel is contiguous, one 64-byte line per k. */
-int f32_pack(const float *w, int64_t n, int64_t k, float *out) {
-    if (n % 16) return -1;
-    for (int64_t nb = 0; nb < n / 16; ++nb)
-        for (int64_t kk = 0; kk < k; ++kk)
-            for (int c = 0; c < 16; ++c) out[(nb * k + kk) * 16 + c] = w[(nb * 16 + c) * k + kk];
-    return 0;
-}
-
-/* The same panels in float16 (a GGUF's F16 weights as stored: half the bytes), widened to float32
+/* W[n,k] row-major -> [n/16 panels][k][16]: a panel is contiguous, one 64-byte line per k. f16_pack:
+   the same panels in float16 (a GGUF's F16 weights as stored: half the bytes), widened to float32
    in registers (F16C): the products and sums are those of the float32 panels of the same values. */
-int f16_pack(const uint16_t *w, int64_t n, int64_t k, uint16_t *out) {
-    if (n % 16) return -1;
-    for (int64_t nb = 0; nb < n / 16; ++nb)
-        for (int64_t kk = 0; kk < k; ++kk)
-            for (int c = 0; c < 16; ++c) out[(nb * k + kk) * 16 + c] = w[(nb * 16 + c) * k + kk];
-    return 0;
+#define DEFINE_PACK(NAME, WT)                                                                    \
+int NAME(const WT *w, int64_t n, int64_t k, WT *out) {                                           \
+    if (n % 16) return -1;                                                                       \
+    for (int64_t nb = 0; nb < n / 16; ++nb)                                                      \
+        for (int64_t kk = 0; kk < k; ++kk)                                                       \
+            for (int c = 0; c < 16; ++c) out[(nb * k + kk) * 16 + c] = w[(nb * 16 + c) * k + kk]; \
+    return 0;                                                                                    \
 }
+DEFINE_PACK(f32_pack, float)
+DEFINE_PACK(f16_pack, uint16_t)
 
 #define KB 64 /* k summed in blocks of KB, the blocks added in order (rounding error like MKL's) */
 #define MR_MAX 6 /* rows per micro-kernel call: 12 accumulators, 2 weight vectors, 1 broadcast */

@@ -211,11 +211,7 @@ int quant_linear16(int type, const int8_t *xq, const float *xd, const float *xs,
                     float out[G16];
                     _mm256_storeu_ps(out, acc[2 * i]);
                     _mm256_storeu_ps(out + 8, acc[2 * i + 1]);
-                    for (int64_t r = 0; r < rn; ++r) {
-                        const int64_t at = (i0 + i) * ldy + n0 + r;
-                        if (y_bf16) ((uint16_t *)y)[at] = f32_to_bf16(out[r]);
-                        else ((float *)y)[at] = out[r];
-                    }
+                    store_row16(out, rn, y, (i0 + i) * ldy + n0, y_bf16);
                 }
             }
         }

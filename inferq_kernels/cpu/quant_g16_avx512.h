@@ -422,13 +422,6 @@ static const g16_kernels *g16_of(int type) {
     return 0;
 }
 
-static void store_row16(const float *out, int64_t rn, void *y, int64_t at, int y_bf16) {
-    for (int64_t r = 0; r < rn; ++r) {
-        if (y_bf16) ((uint16_t *)y)[at + r] = f32_to_bf16(out[r]);
-        else ((float *)y)[at + r] = out[r];
-    }
-}
-
 /* Rows m0 .. m1 - 1 of y's columns n0 .. n0 + rn - 1 from one group (wg): the in-register
    tiles, RM_MAX rows of x at a time. */
 static void g16_group_regs(const g16_kernels *kern, const uint8_t *wg, int64_t nb, const int8_t *xq, int64_t k,

@@ -156,6 +156,14 @@ static inline uint16_t f32_to_bf16(float f) {
     return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);                /* round to nearest even */
 }
 
+/* rn outputs of one row of y from at (float32, or bfloat16 where y_bf16). */
+static void store_row16(const float *out, int64_t rn, void *y, int64_t at, int y_bf16) {
+    for (int64_t r = 0; r < rn; ++r) {
+        if (y_bf16) ((uint16_t *)y)[at + r] = f32_to_bf16(out[r]);
+        else ((float *)y)[at + r] = out[r];
+    }
+}
+
 /* rn weight rows x rm rows of x, all of k: out[r * rm + i] = row i of x . weight row r. */
 static inline __attribute__((always_inline)) void qtile(const int T, const int rn, const int rm,
         const uint8_t *w, int64_t row_bytes, int64_t k, const int8_t *xq, const float *xd, const float *xs,
