@@ -39,17 +39,23 @@ def _run(llm: LLM, replay) -> list[list[int]]:
     return [o.token_ids for o in llm.generate(prompts, params)]
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_replay_gives_the_forwards_tokens(tiny_folder, dtype):
-    if dtype == "bfloat16" and not torch.backends.cpu.get_cpu_capability().startswith("AVX512"):
-        pytest.skip("bf16 kernels need AVX-512")
-    llm = _engine(tiny_folder, dtype)
+def _assert_replay_gives_the_forwards_tokens(llm: LLM):
+    """The same tokens with the replay off and on, its first-step checks passing at 1-3 rows."""
     replay = llm.engine.model.decode_replay
     expected = _run(llm, None)
     got = _run(llm, replay)
     assert got == expected
     assert replay.enabled, "the replay's first-step check found a difference from the forward"
     assert {1, 2, 3} <= replay._checked, f"replayed row counts {sorted(replay._checked)}"
+    return replay
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_replay_gives_the_forwards_tokens(tiny_folder, dtype):
+    if dtype == "bfloat16" and not torch.backends.cpu.get_cpu_capability().startswith("AVX512"):
+        pytest.skip("bf16 kernels need AVX-512")
+    llm = _engine(tiny_folder, dtype)
+    _assert_replay_gives_the_forwards_tokens(llm)
     llm.engine.check_invariants()
 
 
@@ -97,13 +103,7 @@ def test_gguf_native_projections_replay_as_their_kernel_calls(monkeypatch):
         pytest.skip("the quantized CPU kernels do not build here (no C compiler or no AVX2)")
     monkeypatch.setenv("INFERQ_GGUF_WEIGHTS", "native")
     monkeypatch.setenv("INFERQ_GGUF_ACTIVATIONS", "int8")
-    llm = _engine(bundled_model_path(), "float32")
-    replay = llm.engine.model.decode_replay
-    expected = _run(llm, None)
-    got = _run(llm, replay)
-    assert got == expected
-    assert replay.enabled, "the replay's first-step check found a difference from the forward"
-    assert {1, 2, 3} <= replay._checked, f"replayed row counts {sorted(replay._checked)}"
+    replay = _assert_replay_gives_the_forwards_tokens(_engine(bundled_model_path(), "float32"))
     for rec in replay._recordings.values():
         for pre, qkv, post, mlp, o, down in rec.layers:
             for call in (qkv, o, down, *mlp):

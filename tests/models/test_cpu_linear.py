@@ -360,10 +360,13 @@ def test_model_with_packed_weights_matches_the_plain_model(lib, dtype, tied, tmp
 def test_float16_panels_give_the_float32_panels_bits(lib):
     """AVX2: a float16 weight (a GGUF's F16) packs to half-width panels read by the float32
     kernel, the same products and sums as the float32 panels of its values, at any row count
-    and thread count; rows() reads its values back."""
-    if not getattr(lib, "f16", False):
-        pytest.skip("float16 panels are the AVX2 build's (F16C); AVX-512 CPUs keep F16 weights as bf16/float32")
+    and thread count; rows() reads its values back. The AVX-512 build packs no float16 (its
+    callers widen F16 to the engine's dtype: bf16 or float32 panels)."""
     w16 = (0.1 * torch.randn(96, 320)).half()
+    if lib.isa != "avx2":
+        assert not cpu_linear.can_pack(lib, w16)
+        return
+    assert lib.f16, "an AVX2 CPU without F16C"
     p16, p32 = cpu_linear.PackedWeight(lib, w16), cpu_linear.PackedWeight(lib, w16.float())
     assert p16.layout == "f16" and p16.dtype == torch.float32 and p16.nbytes * 2 == p32.nbytes
     bias = torch.randn(96)

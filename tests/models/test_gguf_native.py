@@ -185,13 +185,14 @@ def test_tiny_model_of_each_type_matches_its_dequantized_weights(mix, activation
 
 
 def test_f16_weights_keep_their_width_and_give_their_float32_copys_bits():
-    """A GGUF's F16 matrices on a float32 engine: on the AVX2 build the float32 kernel reads
-    them as float16 panels (half the bytes of their float32 copy) and gives that copy's bits."""
+    """A GGUF's F16 matrices on a float32 engine give their float32 copy's bits: on the AVX2
+    build read as float16 panels (half the bytes), elsewhere widened to float32 at load."""
     from inferq.gpuworker.models import cpu_linear
 
     lib = cpu_linear.load()
-    if lib is None or not getattr(lib, "f16", False):
-        pytest.skip("float16 panels are the AVX2 build's (with F16C); AVX-512 CPUs hold F16 weights as bf16/float32")
+    if lib is None:
+        pytest.skip("no C compiler or no AVX2 here: the projections stay on torch")
+    half_width = bool(getattr(lib, "f16", False))
     cfg = ModelConfig.from_hf({**TINY, "tie_word_embeddings": True})
     native16, _ = _tiny_weights(MIXES["Q8_0"], tied=True)
     gen = torch.Generator().manual_seed(5)
@@ -206,8 +207,8 @@ def test_f16_weights_keep_their_width_and_give_their_float32_copys_bits():
         ql.install(model, weights, ql.load())
         models.append(model)
     seg16, seg32 = (m.layers[0].packed["gate_up"].segments[0] for m in models)
-    assert seg16.packed_weight.layout == "f16" and seg32.packed_weight.layout == "f32"
-    assert seg16.packed_weight.nbytes * 2 == seg32.packed_weight.nbytes
+    assert seg16.packed_weight.layout == ("f16" if half_width else "f32") and seg32.packed_weight.layout == "f32"
+    assert seg16.packed_weight.nbytes * (2 if half_width else 1) == seg32.packed_weight.nbytes
     ids = [3, 17, 250, 299, 0, 42, 7, 7, 100]
     got, want = (PagedDriver(m, backend).step([(0, ids)])[0] for m in models)
     assert torch.equal(got, want)
