@@ -19,6 +19,11 @@ fixed buffers (``QuantLinear.replay_call``: the activation quantizer, then each 
 any other projection as its own call, its result copied into the fixed buffer. Where a
 piece has no C kernel here (oneDNN packing, q/k norms, a KV cache of another dtype, the
 attention backend not on its C decode kernel) the model never replays.
+
+Where every call of the step is a C kernel of a known prototype, the calls are encoded once
+more as a step program (cpu_step_program.py) that C walks in one foreign call; else (a
+projection through Python, or ``inferq bench step-breakdown`` timing each call) the replay
+makes the calls from a Python loop.
 """
 from __future__ import annotations
 
@@ -27,6 +32,7 @@ import logging
 
 import torch
 
+from inferq.gpuworker.models import cpu_step_program
 from inferq.gpuworker.models.cpu_linear import PackedGateUp, PackedWeight
 from inferq.kernels.cpu import loader
 
@@ -39,9 +45,14 @@ class ReplayRefused(RuntimeError):
     """A kernel returned non-zero during a replay: the step runs through the forward instead."""
 
 
-def _check(rc: int) -> None:
-    if rc != 0:
+def _check(rc) -> None:
+    if rc:  # 0, or None from a kernel that returns nothing
         raise ReplayRefused(rc)
+
+
+def _run(calls) -> None:
+    for fn, args in calls:
+        _check(fn(*args))
 
 
 def _call_into(w, x: torch.Tensor, bias, y: torch.Tensor) -> int:
@@ -72,6 +83,9 @@ class _Recording:
         self.cos, self.sin = e(b, d), e(b, d)
         self.rows = torch.arange(b, dtype=torch.int64)  # query row i is sequence i
         self.lens = torch.empty(b, dtype=torch.int64)
+        self.slots = torch.empty(b, dtype=torch.int64)
+        self.buffers: list = []  # the projections' own buffers (x's int8 blocks)
+        self.program = None  # (KV cache addresses it was made for, StepProgram or None)
         self.scratch = torch.empty(0, dtype=torch.float32)
         self.kv_row_bytes = hkv * d * isz
         ptr = lambda t: t.data_ptr()  # noqa: E731
@@ -87,6 +101,7 @@ class _Recording:
         self.attention = wrap(kernels.fns["paged_decode_bf16" if dt == torch.bfloat16 else "paged_decode_f32"],
                               "attention")
         self.heads = (hq, hkv, d)
+        self.q_size, self.kv_size, self.qkv_n, self.isz = q_size, kv_size, qkv_n, isz
         self.scale = float(layer0.scale)
         self.layers = []
         for i, layer in enumerate(model.layers):
@@ -103,24 +118,61 @@ class _Recording:
             else:
                 if not hasattr(self, "gate_up_out"):
                     self.gate_up_out = e(b, 2 * inter)
-                mlp = [self._linear(gate_up, self.x, layer.gate_up_bias, self.gate_up_out),
+                mlp = [*self._linear(gate_up, self.x, layer.gate_up_bias, self.gate_up_out),
                        (wrap(kernels.silu_mul[dt], "other model ops"),
                         (ptr(self.gate_up_out), 2 * inter, inter, ptr(self.act), b))]
             down_call = self._linear(down, self.act, layer.down_bias, self.down_out)
             self.layers.append((pre, qkv_call, post, mlp, o_call, down_call))
         self.final = (norm, ptr(model.norm), eps)
 
-    def _linear(self, w, x: torch.Tensor, bias, y: torch.Tensor):
-        """PackedWeight._kernel's call on fixed buffers; a quantized projection's own kernel calls
-        (QuantLinear.replay_call) where it has them and no bias; else the projection's call."""
+    def _linear(self, w, x: torch.Tensor, bias, y: torch.Tensor) -> list:
+        """The calls of ``y = w(x, bias)`` on fixed buffers: PackedWeight._kernel's; a quantized
+        projection's own kernel calls (QuantLinear.replay_calls) where it has them and no bias;
+        else the projection's call."""
         if not isinstance(w, PackedWeight):
-            raw = getattr(w, "replay_call", None)
-            call = raw(x, y) if raw is not None and bias is None else None
-            if call is not None:
-                return (self.wrap_linear(call[0]), call[1])
-            return (self.wrap_linear(_call_into), (w, x, bias, y))
-        return (self.wrap_linear(w._run), (x.data_ptr(), x.stride(0), x.shape[0], w.packed.data_ptr(), w.n, w.k,
-                                           None if bias is None else bias.data_ptr(), y.data_ptr(), w.n))
+            raw = getattr(w, "replay_calls", None)
+            made = raw(x, y) if raw is not None and bias is None else None
+            if made is not None:
+                calls, buffers = made
+                self.buffers.append(buffers)
+                return [(self.wrap_linear(fn), args) for fn, args in calls]
+            return [(self.wrap_linear(_call_into), (w, x, bias, y))]
+        return [(self.wrap_linear(w._run), (x.data_ptr(), x.stride(0), x.shape[0], w.packed.data_ptr(), w.n, w.k,
+                                            None if bias is None else bias.data_ptr(), y.data_ptr(), w.n))]
+
+    def program_for(self, kv_caches):
+        """The step as one StepProgram for these KV caches, or None where a call has no C shape
+        (made once per set of caches)."""
+        key = tuple((k.data_ptr(), v.data_ptr()) for k, v in kv_caches)
+        if self.program is None or self.program[0] != key:
+            self.program = (key, self._make_program(kv_caches))
+        return self.program[1]
+
+    def _make_program(self, kv_caches):
+        lib = cpu_step_program.load()
+        if lib is None:
+            return None
+        prog = cpu_step_program.StepProgram(lib, 3)  # params: block table, its row stride, attention scratch
+        tables, table_stride, scratch = (cpu_step_program.PerStep(i) for i in range(3))
+        hq, hkv, d = self.heads
+        q_stride, b, ptr = hq * d, self.b, (lambda t: t.data_ptr())  # noqa: E731
+        block_size = kv_caches[0][0].shape[1]
+        rotary, rotary_args = self.rotary
+        ok = True
+        for (pre, qkv, post, mlp, o, down), (key_cache, value_cache) in zip(self.layers, kv_caches):
+            kc, vc = ptr(key_cache), ptr(value_cache)
+            ok = ok and prog.add(*pre) and all(prog.add(*c) for c in qkv) and prog.add(rotary, rotary_args)
+            prog.add_kv_store(kc, vc, ptr(self.ko), self.kv_row_bytes, ptr(self.qkv) + (self.q_size + self.kv_size) * self.isz,
+                              self.qkv_n * self.isz, self.kv_row_bytes, b, ptr(self.slots))
+            ok = ok and prog.add(self.attention, (ptr(self.qo), q_stride, ptr(self.attn), q_stride, kc, vc, tables,
+                                                  table_stride, ptr(self.rows), ptr(self.rows), ptr(self.lens), b,
+                                                  hq, hkv, d, block_size, self.scale, scratch))
+            ok = ok and all(prog.add(*c) for c in o) and prog.add(*post) and all(prog.add(*c) for c in mlp)
+            ok = ok and all(prog.add(*c) for c in down)
+            if not ok:
+                return None
+        prog.seal()
+        return prog
 
     def scratch_for(self, max_len: int, threads: int) -> int:
         """The attention kernel's fp32 scratch (as the torch backend sizes it), grown as needed."""
@@ -202,12 +254,29 @@ class DecodeReplay:
         torch.index_select(rot.cos, 0, positions, out=rec.cos)
         torch.index_select(rot.sin, 0, positions, out=rec.sin)
         rec.lens.copy_(meta.seq_lens)
-        slots = meta.slot_mapping.tolist()
         tables = meta.block_tables
+        scratch = rec.scratch_for(meta.max_seq_len, kernels.lib.threads)
+        prog = rec.program_for(kv_caches)
+        if prog is not None:
+            rec.slots.copy_(meta.slot_mapping)
+            prog.params[0], prog.params[1], prog.params[2] = tables.data_ptr(), tables.stride(0), scratch
+            rc, _ = prog.run()
+            _check(rc)
+        else:
+            self._python_loop(rec, kv_caches, meta, tables, scratch)
+        norm, weight, eps = rec.final
+        out = torch.empty_like(rec.x)  # a fresh tensor: the caller may keep it past the next step
+        _check(norm(rec.residual.data_ptr(), rec.down_out.data_ptr(), weight, out.data_ptr(), rec.b,
+                    out.shape[1], eps))
+        return out
+
+    @staticmethod
+    def _python_loop(rec: _Recording, kv_caches, meta, tables, scratch) -> None:
+        """The recorded calls made one by one from Python."""
+        slots = meta.slot_mapping.tolist()
         hq, hkv, d = rec.heads
         head = (tables.data_ptr(), tables.stride(0), rec.rows.data_ptr(), rec.rows.data_ptr(), rec.lens.data_ptr(),
-                rec.b, hq, hkv, d, kv_caches[0][0].shape[1], rec.scale,
-                rec.scratch_for(meta.max_seq_len, kernels.lib.threads))
+                rec.b, hq, hkv, d, kv_caches[0][0].shape[1], rec.scale, scratch)
         row_bytes, k_src, v_src = rec.kv_row_bytes, rec.k_src, rec.v_src
         rotary, rotary_args = rec.rotary
         attention, qo, attn = rec.attention, rec.qo.data_ptr(), rec.attn.data_ptr()
@@ -215,20 +284,14 @@ class DecodeReplay:
         memmove = ctypes.memmove
         for (pre, qkv, post, mlp, o, down), (key_cache, value_cache) in zip(rec.layers, kv_caches):
             _check(pre[0](*pre[1]))
-            _check(qkv[0](*qkv[1]))
+            _run(qkv)
             _check(rotary(*rotary_args))
             kc, vc = key_cache.data_ptr(), value_cache.data_ptr()
             for r, slot in enumerate(slots):
                 memmove(kc + slot * row_bytes, k_src[r], row_bytes)
                 memmove(vc + slot * row_bytes, v_src[r], row_bytes)
             _check(attention(qo, q_stride, attn, q_stride, kc, vc, *head))
-            _check(o[0](*o[1]))
+            _run(o)
             _check(post[0](*post[1]))
-            for fn, args in mlp:
-                _check(fn(*args))
-            _check(down[0](*down[1]))
-        norm, weight, eps = rec.final
-        out = torch.empty_like(rec.x)  # a fresh tensor: the caller may keep it past the next step
-        _check(norm(rec.residual.data_ptr(), rec.down_out.data_ptr(), weight, out.data_ptr(), rec.b,
-                    out.shape[1], eps))
-        return out
+            _run(mlp)
+            _run(down)

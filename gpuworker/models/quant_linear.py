@@ -255,12 +255,13 @@ class QuantLinear:
             col += seg.n
         return y if bias is None else y.add_(bias)
 
-    def replay_call(self, x: torch.Tensor, y: torch.Tensor):
-        """``(fn, args)``: ``fn(*args)`` computes ``y = x @ W^T`` on these fixed buffers with the
-        kernel calls ``__call__`` makes (the activation quantizer, then each segment into its
-        columns of y), for the CPU decode replay (cpu_decode_replay.py): no tensor is made and
-        no argument worked out per call. None where a segment has no such call (a float
-        segment, float activations)."""
+    def replay_calls(self, x: torch.Tensor, y: torch.Tensor):
+        """``([(fn, args), ...], buffers)``: the ctypes kernel calls ``__call__`` makes for
+        ``y = x @ W^T`` (the activation quantizer, then each segment into its columns of y), on
+        these fixed buffers, for the CPU decode replay (cpu_decode_replay.py): no tensor is made
+        and no argument worked out per call. ``buffers`` hold x's int8 blocks: the caller keeps
+        them as long as the calls. None where a segment has no such call (a float segment,
+        float activations)."""
         quantized = [s for s in self.segments if isinstance(s, QuantWeight)]
         if ((quantized and self.activations != "int8")
                 or not all(isinstance(s, QuantWeight) or (s.packed_weight is not None and s.packed_weight.applies(x))
@@ -270,14 +271,14 @@ class QuantLinear:
                 or x.dtype not in (torch.float32, torch.bfloat16)):
             return None
         lib, (m, k), bf16 = self.lib, x.shape, int(x.dtype == torch.bfloat16)
-        calls, col = [], 0
-        if quantized:  # x's int8 blocks in buffers of their own, held by this closure
+        calls, col, buffers = [], 0, ()
+        if quantized:  # x's int8 blocks in buffers of their own
             xq = torch.empty(m, k, dtype=torch.int8)
             xd = torch.empty(m, k // 32, dtype=torch.float32)
             xs = torch.empty(m, k // 32, 4, dtype=torch.float32)
-            quantize = lambda: lib.quant_x(x.data_ptr(), x.stride(0), bf16, m, k, xq.data_ptr(), xd.data_ptr(),  # noqa: E731
-                                           xs.data_ptr()) or 0
-            calls.append((quantize, ()))
+            buffers = (xq, xd, xs)
+            calls.append((lib.quant_x, (x.data_ptr(), x.stride(0), bf16, m, k, xq.data_ptr(), xd.data_ptr(),
+                                        xs.data_ptr())))
         for seg in self.segments:
             out = y.data_ptr() + col * y.element_size()
             if isinstance(seg, QuantWeight):
@@ -289,15 +290,7 @@ class QuantLinear:
                 calls.append((pw._run, (x.data_ptr(), x.stride(0), m, pw.packed.data_ptr(), pw.n, pw.k, None, out,
                                         y.stride(0))))
             col += seg.n
-
-        def call() -> int:
-            for fn, args in calls:
-                rc = fn(*args)
-                if rc:
-                    return rc
-            return 0
-
-        return call, ()
+        return calls, buffers
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         """Rows ``ids`` of the (single-segment) weight as ``self.dtype``: the embedding."""

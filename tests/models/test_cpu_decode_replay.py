@@ -40,14 +40,32 @@ def _run(llm: LLM, replay) -> list[list[int]]:
 
 
 def _assert_replay_gives_the_forwards_tokens(llm: LLM):
-    """The same tokens with the replay off and on, its first-step checks passing at 1-3 rows."""
+    """The same tokens with the replay off and on, its first-step checks passing at 1-3 rows,
+    every step run as one step program (cpu_step_program.py)."""
     replay = llm.engine.model.decode_replay
     expected = _run(llm, None)
     got = _run(llm, replay)
     assert got == expected
     assert replay.enabled, "the replay's first-step check found a difference from the forward"
     assert {1, 2, 3} <= replay._checked, f"replayed row counts {sorted(replay._checked)}"
+    for b, rec in replay._recordings.items():
+        assert rec.program is not None and rec.program[1] is not None, f"{b} rows: no step program"
     return replay
+
+
+def test_python_loop_gives_the_step_programs_tokens(tiny_folder, monkeypatch):
+    """Where the step program cannot be made, the recorded calls run from a Python loop: the
+    same tokens, the replay's checks passing."""
+    from inferq.gpuworker.models import cpu_step_program
+
+    llm = _engine(tiny_folder, "float32")
+    replay = llm.engine.model.decode_replay
+    with_program = _run(llm, replay)
+    replay.forget()
+    monkeypatch.setattr(cpu_step_program, "load", lambda: None)
+    assert _run(llm, replay) == with_program == _run(llm, None)
+    assert replay.enabled and {1, 2, 3} <= replay._checked
+    assert all(rec.program == (rec.program[0], None) for rec in replay._recordings.values())
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -93,7 +111,7 @@ def test_replay_can_be_switched_off(tiny_folder, monkeypatch):
 
 def test_gguf_native_projections_replay_as_their_kernel_calls(monkeypatch):
     """The bundled Q4_1 model with its blocks as stored: every quantized projection is
-    replayed as its own kernel calls (QuantLinear.replay_call: no tensors made per step), and
+    replayed as its own kernel calls (QuantLinear.replay_calls: no tensors made per step), and
     the tokens are the forward's at 1 to 3 rows, the replay's first-step checks passing."""
     from inferq.gpuworker.models import cpu_decode_replay
     from inferq.gpuworker.models import quant_linear as ql
@@ -106,5 +124,5 @@ def test_gguf_native_projections_replay_as_their_kernel_calls(monkeypatch):
     replay = _assert_replay_gives_the_forwards_tokens(_engine(bundled_model_path(), "float32"))
     for rec in replay._recordings.values():
         for pre, qkv, post, mlp, o, down in rec.layers:
-            for call in (qkv, o, down, *mlp):
-                assert call[0] is not cpu_decode_replay._call_into, "a quantized projection went through Python"
+            for fn, args in (*qkv, *o, *down, *mlp):
+                assert fn is not cpu_decode_replay._call_into, "a quantized projection went through Python"

@@ -1,0 +1,130 @@
+"""A list of C kernel calls run by one foreign call (inferq_kernels/cpu/step_program.c).
+
+The CPU decode replay (cpu_decode_replay.py) records a step as ~10 kernel calls a layer on
+fixed buffers. Made from Python each such call costs a few microseconds of ctypes argument
+conversion and a release and retake of the GIL, ~2 ms a step on a 30-layer model: a quarter of
+a quantized model's batch-1 step. Here the calls are encoded once into an array of ops (the
+kernel's address, its call shape, its arguments) that ``run_step_program`` walks in C.
+
+An op's call shape is read from the ctypes function's own ``argtypes`` and ``restype`` (the
+prototypes step_program.c knows), so a kernel whose signature is not one of them, or a Python
+callable, makes ``add`` return False and the caller keeps its Python loop.
+"""
+from __future__ import annotations
+
+import ctypes
+import threading
+from typing import Optional
+
+from inferq.kernels.cpu import loader
+
+MAX_ARGS = 18
+
+_p, _i, _c, _f = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
+# (argtypes, restype) -> the SHAPE_* number of step_program.c
+_SHAPES = {
+    ((_p, _p, _p, _p, _i, _i, _f), _c): 0,
+    ((_p, _i, _i, _p, _i, _i, _i, _p, _p, _p, _p, _i), _c): 1,
+    ((_p, _i, _p, _i, _p, _p, _p, _i, _p, _p, _p, _i, _i, _i, _i, _i, _f, _p), _c): 2,
+    ((_p, _i, _i, _p, _i, _i, _p, _p, _i), _c): 3,
+    ((_p, _i, _i, _p, _i, _i, _p, _i), _c): 4,
+    ((_p, _i, _i, _p, _i), _c): 5,
+    ((_p, _i, _c, _i, _i, _p, _p, _p), None): 6,
+    ((_c, _p, _p, _p, _i, _i, _p, _i, _p, _i, _c), _c): 7,
+}
+_KV_STORE = 8
+
+
+class StepOp(ctypes.Structure):
+    """step_program.c's ``step_op``."""
+
+    _fields_ = [("fn", ctypes.c_void_p), ("shape", ctypes.c_int32), ("per_step", ctypes.c_uint32),
+                ("a", ctypes.c_int64 * MAX_ARGS), ("f", ctypes.c_float * 2)]
+
+
+class PerStep:
+    """An argument set before each run: ``StepProgram.params[index]``."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+
+
+_lock = threading.Lock()
+_loaded: "ctypes.CDLL | None | bool" = False
+
+
+def load() -> Optional[ctypes.CDLL]:
+    """The built step_program.c, or None (no compiler, ``INFERQ_CPU_KERNELS=0``, a layout mismatch)."""
+    global _loaded
+    with _lock:
+        if _loaded is False:
+            lib = loader.build("step_program", ["-O2"]) if loader.enabled() else None
+            if lib is not None:
+                lib.run_step_program.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
+                                                 ctypes.POINTER(ctypes.c_int64)]
+                lib.run_step_program.restype = ctypes.c_int
+                if lib.step_op_bytes() != ctypes.sizeof(StepOp):
+                    lib = None
+            _loaded = lib
+        return _loaded  # type: ignore[return-value]
+
+
+def _arg(v) -> int:
+    if v is None:
+        return 0
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise TypeError(f"step program arguments are integers or addresses, got {type(v).__name__}")
+    return v
+
+
+class StepProgram:
+    """Ops added in order, then ``seal()``, then ``run()`` per step after setting ``params``."""
+
+    def __init__(self, lib: ctypes.CDLL, n_params: int) -> None:
+        self.lib = lib
+        self.params = (ctypes.c_int64 * max(1, n_params))()
+        self._ops: list[StepOp] = []
+        self._array = None
+        self._failed = ctypes.c_int64(-1)
+
+    def __len__(self) -> int:
+        return len(self._ops)
+
+    def add(self, fn, args) -> bool:
+        """Append ``fn(*args)``; False (nothing added) where ``fn`` has no known call shape."""
+        shape = _SHAPES.get((tuple(getattr(fn, "argtypes", None) or ()), getattr(fn, "restype", None)))
+        if shape is None or not isinstance(fn, ctypes._CFuncPtr):
+            return False
+        argtypes = fn.argtypes
+        if len(args) != len(argtypes):
+            raise TypeError(f"{fn.__name__} takes {len(argtypes)} arguments, got {len(args)}")
+        op = StepOp(fn=ctypes.cast(fn, ctypes.c_void_p).value, shape=shape)
+        n_int = n_float = 0
+        for t, v in zip(argtypes, args):
+            if t is _f:
+                op.f[n_float] = v
+                n_float += 1
+                continue
+            if isinstance(v, PerStep):
+                op.per_step |= 1 << n_int
+                v = v.index
+            op.a[n_int] = _arg(v)
+            n_int += 1
+        self._ops.append(op)
+        return True
+
+    def add_kv_store(self, key_cache: int, value_cache: int, k_rows: int, k_stride: int, v_rows: int,
+                     v_stride: int, row_bytes: int, rows: int, slots: int) -> None:
+        """Row r of k (``k_rows + r * k_stride``) and of v to cache slot ``slots[r]`` (an int64 array)."""
+        op = StepOp(fn=None, shape=_KV_STORE)
+        for j, v in enumerate((key_cache, value_cache, k_rows, k_stride, v_rows, v_stride, row_bytes, rows, slots)):
+            op.a[j] = v
+        self._ops.append(op)
+
+    def seal(self) -> None:
+        self._array = (StepOp * len(self._ops))(*self._ops)
+
+    def run(self) -> tuple[int, int]:
+        """(0, -1), or (the first non-zero return, the index of its op)."""
+        rc = self.lib.run_step_program(self._array, len(self._ops), self.params, ctypes.byref(self._failed))
+        return rc, self._failed.value if rc else -1
