@@ -7,7 +7,9 @@ measurements, so the noise of a shared machine falls on all of them alike:
 
 * plain steps: ``engine.step()`` wall time, nothing instrumented (the figure that counts);
 * traced steps: the same steps with every part below wrapped in a timer, each part's time
-  exclusive of the others, and the C kernels' own time inside each part;
+  exclusive of the others, and the C kernels' own time inside each part (a timed kernel is a
+  Python callable, so the decode replay makes its calls from its Python loop there, not from
+  its step program: its "model glue" is that loop's, which plain steps do not pay);
 * the weight stream: the roofline bench's read of packed weights at one row
   (inferq/bench/roofline.py ``WeightStream``), in the model's dtype, scaled to this step's
   bytes (every packed matmul weight, the LM head included, plus the KV cache read).
@@ -23,7 +25,7 @@ Parts of a step:
 * Python remainder: the rest of ``engine.step()`` (step loop, token bookkeeping, deltas).
 
 Reported per part: median ms per step and the C kernels' share; then plain step ms, the
-stream's ms for the same bytes, and their ratio (the issue's target is at most 1.15). The
+stream's ms for the same bytes, and their ratio (the target is at most 1.15). The
 traced steps cost more than plain ones (the timers): their excess is printed.
 """
 from __future__ import annotations
