@@ -15,7 +15,7 @@ kernel of the torch backend) with the same inputs, so its results are the same b
 first replay of each ``b`` is checked against the forward, and any difference (or a kernel
 refusing its arguments) turns the replay off for good, the forward giving the step's result.
 A GGUF's quantized projection (quant_linear.py) is replayed as its kernels' calls on the
-fixed buffers (``QuantLinear.replay_call``: the activation quantizer, then each segment);
+fixed buffers (``QuantLinear.replay_calls``: the activation quantizer, then each segment);
 any other projection as its own call, its result copied into the fixed buffer. Where a
 piece has no C kernel here (oneDNN packing, q/k norms, a KV cache of another dtype, the
 attention backend not on its C decode kernel) the model never replays.
