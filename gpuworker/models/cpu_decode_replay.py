@@ -20,14 +20,13 @@ any other projection as its own call, its result copied into the fixed buffer. W
 piece has no C kernel here (oneDNN packing, q/k norms, a KV cache of another dtype, the
 attention backend not on its C decode kernel) the model never replays.
 
-Where every call of the step is a C kernel of a known prototype, the calls are encoded once
-more as a step program (cpu_step_program.py) that C walks in one foreign call; else (a
-projection through Python, or ``inferq bench step-breakdown`` timing each call) the replay
-makes the calls from a Python loop.
+The step's calls, in order, are one list (``_Recording.ops``). Where every one is a C kernel of
+a known prototype, the list is encoded as a step program (cpu_step_program.py) that C walks in
+one foreign call; else (a projection through Python, or ``inferq bench step-breakdown`` timing
+each call) the same list is called from Python.
 """
 from __future__ import annotations
 
-import ctypes
 import logging
 
 import torch
@@ -48,11 +47,6 @@ class ReplayRefused(RuntimeError):
 def _check(rc) -> None:
     if rc:  # 0, or None from a kernel that returns nothing
         raise ReplayRefused(rc)
-
-
-def _run(calls) -> None:
-    for fn, args in calls:
-        _check(fn(*args))
 
 
 def _call_into(w, x: torch.Tensor, bias, y: torch.Tensor) -> int:
@@ -85,7 +79,7 @@ class _Recording:
         self.lens = torch.empty(b, dtype=torch.int64)
         self.slots = torch.empty(b, dtype=torch.int64)
         self.buffers: list = []  # the projections' own buffers (x's int8 blocks)
-        self.program = None  # (KV cache addresses it was made for, StepProgram or None)
+        self.steps = None  # (the KV cache list they were made for, StepProgram or PythonSteps)
         self.scratch = torch.empty(0, dtype=torch.float32)
         self.kv_row_bytes = hkv * d * isz
         ptr = lambda t: t.data_ptr()  # noqa: E731
@@ -94,14 +88,13 @@ class _Recording:
         self.wrap_linear = lambda fn: wrap(fn, "linear")  # noqa: E731
         norm, rotary = wrap(kernels.add_rms_norm[dt], "other model ops"), wrap(kernels.rotary[dt], "other model ops")
         eps = cfg.rms_norm_eps
-        self.k_src = [ptr(self.ko) + r * self.kv_row_bytes for r in range(b)]
-        self.v_src = [ptr(self.qkv) + (r * qkv_n + q_size + kv_size) * isz for r in range(b)]
+        # K and V rows for the cache: each row's k after rotary, its v inside qkv
+        self.kv_rows = (ptr(self.ko), self.kv_row_bytes, ptr(self.qkv) + (q_size + kv_size) * isz, qkv_n * isz)
         self.rotary = (rotary, (ptr(self.qkv), qkv_n, hq, ptr(self.qkv) + q_size * isz, qkv_n, hkv, d,
                                 ptr(self.cos), ptr(self.sin), ptr(self.qo), ptr(self.ko), b))
         self.attention = wrap(kernels.fns["paged_decode_bf16" if dt == torch.bfloat16 else "paged_decode_f32"],
                               "attention")
         self.heads = (hq, hkv, d)
-        self.q_size, self.kv_size, self.qkv_n, self.isz = q_size, kv_size, qkv_n, isz
         self.scale = float(layer0.scale)
         self.layers = []
         for i, layer in enumerate(model.layers):
@@ -140,39 +133,32 @@ class _Recording:
         return [(self.wrap_linear(w._run), (x.data_ptr(), x.stride(0), x.shape[0], w.packed.data_ptr(), w.n, w.k,
                                             None if bias is None else bias.data_ptr(), y.data_ptr(), w.n))]
 
-    def program_for(self, kv_caches):
-        """The step as one StepProgram for these KV caches, or None where a call has no C shape
-        (made once per set of caches)."""
-        key = tuple((k.data_ptr(), v.data_ptr()) for k, v in kv_caches)
-        if self.program is None or self.program[0] != key:
-            self.program = (key, self._make_program(kv_caches))
-        return self.program[1]
+    def steps_for(self, kv_caches):
+        """The step's calls for these KV caches: a StepProgram, else PythonSteps (made once per
+        cache list: the engine allocates its caches once, so this is one identity check a step)."""
+        if self.steps is None or self.steps[0] is not kv_caches:
+            ops = self.ops(kv_caches)
+            steps = cpu_step_program.StepProgram.build(cpu_step_program.load(), ops, 3)
+            self.steps = (kv_caches, steps if steps is not None else cpu_step_program.PythonSteps(ops, 3))
+        return self.steps[1]
 
-    def _make_program(self, kv_caches):
-        lib = cpu_step_program.load()
-        if lib is None:
-            return None
-        prog = cpu_step_program.StepProgram(lib, 3)  # params: block table, its row stride, attention scratch
+    def ops(self, kv_caches) -> list:
+        """Every call of the step in order, ``(fn, args)``; the block table, its row stride and the
+        attention scratch are per-step parameters 0, 1, 2, the K/V slots ``self.slots``."""
         tables, table_stride, scratch = (cpu_step_program.PerStep(i) for i in range(3))
         hq, hkv, d = self.heads
         q_stride, b, ptr = hq * d, self.b, (lambda t: t.data_ptr())  # noqa: E731
         block_size = kv_caches[0][0].shape[1]
-        rotary, rotary_args = self.rotary
-        ok = True
+        ops = []
         for (pre, qkv, post, mlp, o, down), (key_cache, value_cache) in zip(self.layers, kv_caches):
             kc, vc = ptr(key_cache), ptr(value_cache)
-            ok = ok and prog.add(*pre) and all(prog.add(*c) for c in qkv) and prog.add(rotary, rotary_args)
-            prog.add_kv_store(kc, vc, ptr(self.ko), self.kv_row_bytes, ptr(self.qkv) + (self.q_size + self.kv_size) * self.isz,
-                              self.qkv_n * self.isz, self.kv_row_bytes, b, ptr(self.slots))
-            ok = ok and prog.add(self.attention, (ptr(self.qo), q_stride, ptr(self.attn), q_stride, kc, vc, tables,
-                                                  table_stride, ptr(self.rows), ptr(self.rows), ptr(self.lens), b,
-                                                  hq, hkv, d, block_size, self.scale, scratch))
-            ok = ok and all(prog.add(*c) for c in o) and prog.add(*post) and all(prog.add(*c) for c in mlp)
-            ok = ok and all(prog.add(*c) for c in down)
-            if not ok:
-                return None
-        prog.seal()
-        return prog
+            ops += [pre, *qkv, self.rotary,
+                    (cpu_step_program.kv_store, (kc, vc, *self.kv_rows, self.kv_row_bytes, b, ptr(self.slots))),
+                    (self.attention, (ptr(self.qo), q_stride, ptr(self.attn), q_stride, kc, vc, tables, table_stride,
+                                      ptr(self.rows), ptr(self.rows), ptr(self.lens), b, hq, hkv, d, block_size,
+                                      self.scale, scratch)),
+                    *o, post, *mlp, *down]
+        return ops
 
     def scratch_for(self, max_len: int, threads: int) -> int:
         """The attention kernel's fp32 scratch (as the torch backend sizes it), grown as needed."""
@@ -254,44 +240,15 @@ class DecodeReplay:
         torch.index_select(rot.cos, 0, positions, out=rec.cos)
         torch.index_select(rot.sin, 0, positions, out=rec.sin)
         rec.lens.copy_(meta.seq_lens)
+        rec.slots.copy_(meta.slot_mapping)
         tables = meta.block_tables
-        scratch = rec.scratch_for(meta.max_seq_len, kernels.lib.threads)
-        prog = rec.program_for(kv_caches)
-        if prog is not None:
-            rec.slots.copy_(meta.slot_mapping)
-            prog.params[0], prog.params[1], prog.params[2] = tables.data_ptr(), tables.stride(0), scratch
-            rc, _ = prog.run()
-            _check(rc)
-        else:
-            self._python_loop(rec, kv_caches, meta, tables, scratch)
+        steps = rec.steps_for(kv_caches)
+        steps.params[0], steps.params[1] = tables.data_ptr(), tables.stride(0)
+        steps.params[2] = rec.scratch_for(meta.max_seq_len, kernels.lib.threads)
+        _check(steps.run()[0])
         norm, weight, eps = rec.final
         out = torch.empty_like(rec.x)  # a fresh tensor: the caller may keep it past the next step
         _check(norm(rec.residual.data_ptr(), rec.down_out.data_ptr(), weight, out.data_ptr(), rec.b,
                     out.shape[1], eps))
         return out
 
-    @staticmethod
-    def _python_loop(rec: _Recording, kv_caches, meta, tables, scratch) -> None:
-        """The recorded calls made one by one from Python."""
-        slots = meta.slot_mapping.tolist()
-        hq, hkv, d = rec.heads
-        head = (tables.data_ptr(), tables.stride(0), rec.rows.data_ptr(), rec.rows.data_ptr(), rec.lens.data_ptr(),
-                rec.b, hq, hkv, d, kv_caches[0][0].shape[1], rec.scale, scratch)
-        row_bytes, k_src, v_src = rec.kv_row_bytes, rec.k_src, rec.v_src
-        rotary, rotary_args = rec.rotary
-        attention, qo, attn = rec.attention, rec.qo.data_ptr(), rec.attn.data_ptr()
-        q_stride = hq * d
-        memmove = ctypes.memmove
-        for (pre, qkv, post, mlp, o, down), (key_cache, value_cache) in zip(rec.layers, kv_caches):
-            _check(pre[0](*pre[1]))
-            _run(qkv)
-            _check(rotary(*rotary_args))
-            kc, vc = key_cache.data_ptr(), value_cache.data_ptr()
-            for r, slot in enumerate(slots):
-                memmove(kc + slot * row_bytes, k_src[r], row_bytes)
-                memmove(vc + slot * row_bytes, v_src[r], row_bytes)
-            _check(attention(qo, q_stride, attn, q_stride, kc, vc, *head))
-            _run(o)
-            _check(post[0](*post[1]))
-            _run(mlp)
-            _run(down)

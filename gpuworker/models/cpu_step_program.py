@@ -6,9 +6,12 @@ conversion and a release and retake of the GIL, ~2 ms a step on a 30-layer model
 a quantized model's batch-1 step. Here the calls are encoded once into an array of ops (the
 kernel's address, its call shape, its arguments) that ``run_step_program`` walks in C.
 
-An op's call shape is read from the ctypes function's own ``argtypes`` and ``restype`` (the
-prototypes step_program.c knows), so a kernel whose signature is not one of them, or a Python
-callable, makes ``add`` return False and the caller keeps its Python loop.
+A step is one list of ``(fn, args)`` in call order; an argument may be a ``PerStep`` (read
+from ``params`` at each run) and ``kv_store`` is the one op with no kernel. ``StepProgram.build``
+encodes the list for C. An op's call shape is read from the ctypes function's own ``argtypes``
+and ``restype`` (the prototypes step_program.c knows), so a kernel whose signature is not one
+of them, or a Python callable (a timed wrapper, a projection through torch), makes ``build``
+return None; ``PythonSteps`` then makes the same calls from Python.
 """
 from __future__ import annotations
 
@@ -43,10 +46,20 @@ class StepOp(ctypes.Structure):
 
 
 class PerStep:
-    """An argument set before each run: ``StepProgram.params[index]``."""
+    """An argument set before each run: ``params[index]``."""
 
     def __init__(self, index: int) -> None:
         self.index = index
+
+
+def kv_store(key_cache: int, value_cache: int, k_rows: int, k_stride: int, v_rows: int, v_stride: int,
+             row_bytes: int, rows: int, slots: int) -> int:
+    """Row r of k (``k_rows + r * k_stride``) and of v to cache slot ``slots[r]`` (the address of an
+    int64 array): the Python twin of step_program.c's SHAPE_KV_STORE."""
+    for r, slot in enumerate((ctypes.c_int64 * rows).from_address(slots)):
+        ctypes.memmove(key_cache + slot * row_bytes, k_rows + r * k_stride, row_bytes)
+        ctypes.memmove(value_cache + slot * row_bytes, v_rows + r * v_stride, row_bytes)
+    return 0
 
 
 _lock = threading.Lock()
@@ -80,6 +93,17 @@ def _arg(v) -> int:
 class StepProgram:
     """Ops added in order, then ``seal()``, then ``run()`` per step after setting ``params``."""
 
+    @classmethod
+    def build(cls, lib: Optional[ctypes.CDLL], ops, n_params: int) -> "Optional[StepProgram]":
+        """``ops`` as one sealed program, or None where there is no library or an op has no shape."""
+        if lib is None:
+            return None
+        prog = cls(lib, n_params)
+        if not all(prog.add(fn, args) for fn, args in ops):
+            return None
+        prog.seal()
+        return prog
+
     def __init__(self, lib: ctypes.CDLL, n_params: int) -> None:
         self.lib = lib
         self.params = (ctypes.c_int64 * max(1, n_params))()
@@ -92,6 +116,12 @@ class StepProgram:
 
     def add(self, fn, args) -> bool:
         """Append ``fn(*args)``; False (nothing added) where ``fn`` has no known call shape."""
+        if fn is kv_store:
+            op = StepOp(fn=None, shape=_KV_STORE)
+            for j, v in enumerate(args):
+                op.a[j] = v
+            self._ops.append(op)
+            return True
         shape = _SHAPES.get((tuple(getattr(fn, "argtypes", None) or ()), getattr(fn, "restype", None)))
         if shape is None or not isinstance(fn, ctypes._CFuncPtr):
             return False
@@ -113,14 +143,6 @@ class StepProgram:
         self._ops.append(op)
         return True
 
-    def add_kv_store(self, key_cache: int, value_cache: int, k_rows: int, k_stride: int, v_rows: int,
-                     v_stride: int, row_bytes: int, rows: int, slots: int) -> None:
-        """Row r of k (``k_rows + r * k_stride``) and of v to cache slot ``slots[r]`` (an int64 array)."""
-        op = StepOp(fn=None, shape=_KV_STORE)
-        for j, v in enumerate((key_cache, value_cache, k_rows, k_stride, v_rows, v_stride, row_bytes, rows, slots)):
-            op.a[j] = v
-        self._ops.append(op)
-
     def seal(self) -> None:
         self._array = (StepOp * len(self._ops))(*self._ops)
 
@@ -128,3 +150,25 @@ class StepProgram:
         """(0, -1), or (the first non-zero return, the index of its op)."""
         rc = self.lib.run_step_program(self._array, len(self._ops), self.params, ctypes.byref(self._failed))
         return rc, self._failed.value if rc else -1
+
+
+class PythonSteps:
+    """The same ops made one by one from Python, with StepProgram's ``params`` and ``run()``."""
+
+    def __init__(self, ops, n_params: int) -> None:
+        self.params = [0] * max(1, n_params)
+        # (fn, args, whether an argument is read per run)
+        self._ops = [(fn, tuple(args), any(isinstance(a, PerStep) for a in args)) for fn, args in ops]
+
+    def __len__(self) -> int:
+        return len(self._ops)
+
+    def run(self) -> tuple[int, int]:
+        params = self.params
+        for i, (fn, args, per_step) in enumerate(self._ops):
+            if per_step:
+                args = tuple(params[a.index] if isinstance(a, PerStep) else a for a in args)
+            rc = fn(*args)
+            if rc:  # 0, or None from a kernel that returns nothing
+                return rc, i
+        return 0, -1

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from inferq.gpuworker.attention import cpu_kernels
-from inferq.gpuworker.models import cpu_linear, cpu_step_program
+from inferq.gpuworker.models import cpu_step_program
 
 pytestmark = pytest.mark.skipif(cpu_step_program.load() is None or cpu_kernels.load() is None,
                                 reason="no C compiler here: the CPU kernels do not build")
@@ -61,23 +61,22 @@ def test_per_step_arguments_are_read_at_each_run():
         assert torch.equal(out, want)
 
 
-def test_a_refusing_kernel_stops_the_program_at_its_op():
-    lib = cpu_linear.load()
-    if lib is None:
-        pytest.skip("the float matmul kernels need AVX2 or AVX-512")
+@pytest.mark.parametrize("runner", ["program", "python"])
+def test_a_refusing_kernel_stops_the_run_at_its_op(runner):
     kern = cpu_kernels.load()
-    x, y = torch.randn(1, 32), torch.zeros(1, 32)
+    silu = kern.silu_mul[torch.float32]
+    x, y = torch.randn(1, 32), torch.zeros(1, 16)
     silu_out = torch.zeros(1, 16)
-    prog = _program()
-    assert prog.add(kern.silu_mul[torch.float32], (x.data_ptr(), 32, 16, silu_out.data_ptr(), 1))
-    # n = 33 columns: not a whole number of panels, which every matmul kernel refuses
-    assert prog.add(lib.f32_linear, (x.data_ptr(), 32, 1, x.data_ptr(), 33, 32, None, y.data_ptr(), 33))
-    assert prog.add(kern.silu_mul[torch.float32], (x.data_ptr(), 32, 16, y.data_ptr(), 1))
-    prog.seal()
-    rc, at = prog.run()
+    # 3 query heads over 2 KV heads: the decode kernel refuses before reading any pointer
+    refused = (kern.fns["paged_decode_f32"], (0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 3, 2, 64, 16, 1.0, 0))
+    ops = [(silu, (x.data_ptr(), 32, 16, silu_out.data_ptr(), 1)), refused,
+           (silu, (x.data_ptr(), 32, 16, y.data_ptr(), 1))]
+    steps = (cpu_step_program.StepProgram.build(cpu_step_program.load(), ops, 1) if runner == "program"
+             else cpu_step_program.PythonSteps(ops, 1))
+    rc, at = steps.run()
     assert rc != 0 and at == 1
     assert not torch.equal(silu_out, torch.zeros(1, 16)), "the op before ran"
-    assert torch.equal(y, torch.zeros(1, 32)), "the op after did not"
+    assert torch.equal(y, torch.zeros(1, 16)), "the op after did not"
 
 
 def test_calls_of_unknown_shape_are_not_taken():
@@ -90,20 +89,44 @@ def test_calls_of_unknown_shape_are_not_taken():
         prog.add(kern.silu_mul[torch.float32], (0, 1, 2))
 
 
-def test_kv_store_puts_each_row_in_its_slot():
+@pytest.mark.parametrize("runner", ["program", "python"])
+def test_kv_store_puts_each_row_in_its_slot(runner):
     rows, width = 3, 8
     k, v = torch.randn(rows, width), torch.randn(rows, 2 * width)  # v's rows in a wider buffer, as in qkv
     key_cache, value_cache = torch.zeros(10, width), torch.zeros(10, width)
     slots = torch.tensor([7, 2, 5], dtype=torch.int64)
-    prog = _program()
     row_bytes = width * 4
-    prog.add_kv_store(key_cache.data_ptr(), value_cache.data_ptr(), k.data_ptr(), row_bytes,
-                      v.data_ptr() + width * 4, 2 * width * 4, row_bytes, rows, slots.data_ptr())
-    prog.seal()
-    assert prog.run() == (0, -1)
+    ops = [(cpu_step_program.kv_store, (key_cache.data_ptr(), value_cache.data_ptr(), k.data_ptr(), row_bytes,
+                                        v.data_ptr() + width * 4, 2 * width * 4, row_bytes, rows, slots.data_ptr()))]
+    steps = (cpu_step_program.StepProgram.build(cpu_step_program.load(), ops, 1) if runner == "program"
+             else cpu_step_program.PythonSteps(ops, 1))
+    assert steps.run() == (0, -1)
     assert torch.equal(key_cache[slots], k) and torch.equal(value_cache[slots], v[:, width:])
     others = [i for i in range(10) if i not in slots.tolist()]
     assert torch.equal(key_cache[others], torch.zeros(len(others), width))
+
+
+def test_python_steps_make_the_same_calls_with_the_same_per_step_arguments():
+    kern = cpu_kernels.load()
+    silu = kern.silu_mul[torch.float32]
+    a, b = torch.randn(2, 64), torch.randn(2, 64)
+    outs = {name: torch.empty(2, 32) for name in ("program", "python")}
+    ops = {name: [(silu, (cpu_step_program.PerStep(0), 64, 32, out.data_ptr(), 2))] for name, out in outs.items()}
+    runners = {"program": cpu_step_program.StepProgram.build(cpu_step_program.load(), ops["program"], 1),
+               "python": cpu_step_program.PythonSteps(ops["python"], 1)}
+    for src in (a, b):
+        for name, steps in runners.items():
+            steps.params[0] = src.data_ptr()
+            assert steps.run() == (0, -1)
+        assert torch.equal(outs["program"], outs["python"])
+        assert not torch.equal(outs["python"], torch.zeros(2, 32))
+
+
+def test_a_program_is_not_built_where_an_op_has_no_shape():
+    kern = cpu_kernels.load()
+    ops = [(kern.silu_mul[torch.float32], (0, 64, 32, 0, 2)), (lambda: 0, ())]
+    assert cpu_step_program.StepProgram.build(cpu_step_program.load(), ops, 1) is None
+    assert cpu_step_program.StepProgram.build(None, ops[:1], 1) is None
 
 
 def test_the_op_layout_matches_the_c_struct():
