@@ -429,9 +429,11 @@ static const g16_kernels *g16_of(int type) {
    tiles, RM_MAX rows of x at a time. */
 static void g16_group_regs(const g16_kernels *kern, const uint8_t *wg, int64_t nb, const int8_t *xq, int64_t k,
         const float *xd, const float *xs, int64_t m0, int64_t m1, int64_t n0, int64_t rn, void *y, int64_t ldy,
-        int y_bf16) {
-    for (int64_t i0 = m0; i0 < m1; i0 += RM_MAX) {
+        int y_bf16, int64_t group_bytes) {
+    const int64_t passes = (m1 - m0 + RM_MAX - 1) / RM_MAX;
+    for (int64_t i0 = m0, pass = 0; i0 < m1; i0 += RM_MAX, ++pass) {
         const int rm = (int)(m1 - i0 < RM_MAX ? m1 - i0 : RM_MAX);
+        prefetch_next_group(wg, group_bytes, pass, passes);
         __m512 acc[RM_MAX];
         kern->tile[rm](wg, nb, xq + i0 * k, k, xd + i0 * nb, xs + i0 * nb * 4, acc);
         for (int i = 0; i < rm; ++i) {
@@ -446,14 +448,19 @@ static void g16_group_regs(const g16_kernels *kern, const uint8_t *wg, int64_t n
    (16 at a time on AMX where amx, the calling thread's tiles set up; else XR at a time). */
 static void g16_group_scratch(const g16_kernels *kern, int amx, const uint8_t *wg, int64_t nb, const int8_t *xq,
         int64_t k, const float *xd, const float *xs, int64_t m0, int64_t m1, int64_t n0, int64_t rn, void *y,
-        int64_t ldy, int y_bf16) {
+        int64_t ldy, int y_bf16, int64_t group_bytes) {
     uint8_t scr[SCR_BLOCKS * SCR_BLOCK] __attribute__((aligned(64)));
     float acc[SCR_X_ROWS * G16] __attribute__((aligned(64)));
     memset(acc, 0, sizeof acc);
+    /* the next slice's records (past the last, the next group's) into L2, spread over the row tiles */
+    const int64_t slice_bytes = SCR_BLOCKS * (group_bytes / nb), tiles = (m1 - m0 + XR - 1) / XR;
+    const int64_t share = (slice_bytes / tiles + 63) & ~(int64_t)63;
     for (int64_t b0 = 0; b0 < nb; b0 += SCR_BLOCKS) {
         const int64_t kn = nb - b0 < SCR_BLOCKS ? nb - b0 : SCR_BLOCKS;
         kern->unpack(wg, b0, kn, scr);
+        const uint8_t *pf = wg + (b0 + kn) * (group_bytes / nb), *pf_end = pf + slice_bytes;
         for (int64_t i0 = m0; i0 < m1;) {
+            for (int64_t f = 0; f < share && pf < pf_end; f += 64, pf += 64) _mm_prefetch((const char *)pf, _MM_HINT_T1);
             const int8_t *xr = xq + i0 * k + b0 * 32;
             const float *dr = xd + i0 * nb + b0, *sr = xs + (i0 * nb + b0) * 4;
             float *ar = acc + (i0 - m0) * G16;
@@ -495,9 +502,10 @@ int quant_linear16(int type, const int8_t *xq, const float *xd, const float *xs,
             for (int64_t g = 0; g < groups; ++g) {
                 const int64_t n0 = g * G16, rn = n - n0 < G16 ? n - n0 : G16;
                 if (m1 - m0 >= scr_min)
-                    g16_group_scratch(kern, amx, wp + g * rec_group, nb, xq, k, xd, xs, m0, m1, n0, rn, y, ldy, y_bf16);
+                    g16_group_scratch(kern, amx, wp + g * rec_group, nb, xq, k, xd, xs, m0, m1, n0, rn, y, ldy, y_bf16,
+                                      rec_group);
                 else
-                    g16_group_regs(kern, wp + g * rec_group, nb, xq, k, xd, xs, m0, m1, n0, rn, y, ldy, y_bf16);
+                    g16_group_regs(kern, wp + g * rec_group, nb, xq, k, xd, xs, m0, m1, n0, rn, y, ldy, y_bf16, rec_group);
             }
         }
 #if HAVE_AMX_INT8

@@ -47,6 +47,18 @@ static inline int rec16_bytes(int type) { /* per group and 32 elements (K-quants
     }
 }
 
+/* Pass `pass` of `passes` over one group's records (rows of x a tile at a time) fetches its share
+   of the next group's records into L2: after the first pass the group is in L1, the memory bus
+   idles and the hardware prefetchers do not run a group ahead (16 rows of x on a Zen 5: the
+   30 layers of SmolLM2 in Q4_1 1.5x faster). A single pass fetches nothing: a burst at the
+   group's start slowed one row down. */
+static inline void prefetch_next_group(const uint8_t *group, int64_t group_bytes, int64_t pass, int64_t passes) {
+    if (passes < 2) return;
+    const int64_t share = (group_bytes / passes + 63) & ~(int64_t)63;
+    for (int64_t f = pass * share; f < (pass + 1) * share && f < group_bytes; f += 64)
+        _mm_prefetch((const char *)(group + group_bytes + f), _MM_HINT_T1);
+}
+
 /* The unsigned q (0-63) of the 256 elements of one K-quant super-block, its per-sub-block
    scales (sc: Q6_K's 16 signed half scales) and mins, as the row kernel reads them. */
 static void k_block_q(int type, const uint8_t *p, uint8_t *q, int *sc, int *mn, uint16_t *d, uint16_t *dmin) {
