@@ -50,7 +50,7 @@ static inline int rec16_bytes(int type) { /* per group and 32 elements (K-quants
 /* Pass `pass` of `passes` over one group's records (rows of x a tile at a time) fetches its share
    of the next group's records into L2: after the first pass the group is in L1, the memory bus
    idles and the hardware prefetchers do not run a group ahead (16 rows of x on a Zen 5: the
-   30 layers of SmolLM2 in Q4_1 1.5x faster). A single pass fetches nothing: a burst at the
+   30 layers of SmolLM2 in Q4_1 1.3-1.5x faster). A single pass fetches nothing: a burst at the
    group's start slowed one row down. */
 static inline void prefetch_next_group(const uint8_t *group, int64_t group_bytes, int64_t pass, int64_t passes) {
     if (passes < 2) return;
