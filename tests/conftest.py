@@ -18,8 +18,9 @@ from inferq.ports import free_port
 # depend on where the row sits in the tile (seen on a Zen 3), which a GPU's MMA does not: the
 # Triton batch-invariance tests need a dot whose rows are independent, as the generic kernel's
 # are. OpenBLAS reads this when it loads (numpy's import), so it is set before anything imports
-# numpy or torch; numpy's BLAS is not on any hot path of the tests.
-os.environ.setdefault("OPENBLAS_CORETYPE", "Prescott")
+# numpy or torch; numpy's BLAS is not on any hot path of the tests. Set, not defaulted: a
+# machine's own OPENBLAS_CORETYPE=Haswell (seen in a Zen 5 VM's environment) brings that kernel back.
+os.environ["OPENBLAS_CORETYPE"] = "Prescott"
 # Two shared cores: keep torch from oversubscribing them.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
