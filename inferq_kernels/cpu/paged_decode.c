@@ -601,7 +601,7 @@ static inline __attribute__((always_inline)) void NAME##_heads(                 
 }                                                                                               \
 int NAME(const T *q, int64_t q_stride, int64_t hq, const T *k, int64_t k_stride, int64_t hk,    \
          int64_t d, const T *cos, const T *sin, T *qo, T *ko, int64_t rows) {                   \
-    OMP(omp parallel for schedule(static) num_threads(kernel_nthreads))                         \
+    OMP(omp parallel for schedule(static) num_threads(kernel_nthreads) if (rows > 1))           \
     for (int64_t r = 0; r < rows; ++r) {                                                        \
         const T *c = cos + r * d, *s = sin + r * d;                                             \
         if (d == 64) {                                                                          \
@@ -625,7 +625,7 @@ DEFINE_ROTARY(rotary_bf16, uint16_t, bf2f, f2bf)
    when it fuses the two (linear_avx512.c): the same bits either way. */
 #define DEFINE_SILU_MUL(NAME, T, LOAD, STORE, ROW)                                             \
 int NAME(const T *gu, int64_t ld, int64_t n, T *out, int64_t rows) {                            \
-    OMP(omp parallel for schedule(static) num_threads(kernel_nthreads))                         \
+    OMP(omp parallel for schedule(static) num_threads(kernel_nthreads) if (rows > 1))           \
     for (int64_t r = 0; r < rows; ++r) {                                                        \
         const T *g = gu + r * ld, *u = g + n;                                                   \
         T *o = out + r * n;                                                                     \
@@ -675,7 +675,7 @@ static inline __attribute__((always_inline)) void add_rms_norm_row_f32(
 }
 
 int add_rms_norm_f32(float *res, const float *hid, const float *w, float *out, int64_t rows, int64_t h, float eps) {
-    OMP(omp parallel for schedule(static) num_threads(kernel_nthreads))
+    OMP(omp parallel for schedule(static) num_threads(kernel_nthreads) if (rows > 1))
     for (int64_t r = 0; r < rows; ++r) {
         if (h == 576) add_rms_norm_row_f32(res + r * h, hid ? hid + r * h : 0, w, out + r * h, 576, eps);
         else add_rms_norm_row_f32(res + r * h, hid ? hid + r * h : 0, w, out + r * h, h, eps);
@@ -686,7 +686,7 @@ int add_rms_norm_f32(float *res, const float *hid, const float *w, float *out, i
 int add_rms_norm_bf16(uint16_t *res, const uint16_t *hid, const uint16_t *w, uint16_t *out,
                       int64_t rows, int64_t h, float eps) {
     if (h > 8192) return -1;
-    OMP(omp parallel for schedule(static) num_threads(kernel_nthreads))
+    OMP(omp parallel for schedule(static) num_threads(kernel_nthreads) if (rows > 1))
     for (int64_t r = 0; r < rows; ++r) {
         float rf[8192];
         if (h == 576) add_rms_norm_row(res + r * h, hid ? hid + r * h : 0, w, out + r * h, 576, eps, rf);
