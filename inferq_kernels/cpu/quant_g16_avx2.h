@@ -206,7 +206,7 @@ int quant_linear16(int type, const int8_t *xq, const float *xd, const float *xs,
             const int64_t passes = (m1 - m0 + RM16 - 1) / RM16;
             for (int64_t i0 = m0, pass = 0; i0 < m1; i0 += RM16, ++pass) {
                 const int rm = (int)(m1 - i0 < RM16 ? m1 - i0 : RM16);
-                prefetch_next_group(wp + g * rec_group, rec_group, pass, passes);
+                if (passes > 1) prefetch_share(wp + (g + 1) * rec_group, rec_group, pass, passes); /* the next group */
                 __m256 acc[2 * RM16];
                 tile[rm](wp + g * rec_group, nb, xq + i0 * k, k, xd + i0 * nb, xs + i0 * nb * 4, acc);
                 for (int i = 0; i < rm; ++i) {

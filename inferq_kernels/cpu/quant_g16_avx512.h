@@ -433,7 +433,7 @@ static void g16_group_regs(const g16_kernels *kern, const uint8_t *wg, int64_t n
     const int64_t passes = (m1 - m0 + RM_MAX - 1) / RM_MAX;
     for (int64_t i0 = m0, pass = 0; i0 < m1; i0 += RM_MAX, ++pass) {
         const int rm = (int)(m1 - i0 < RM_MAX ? m1 - i0 : RM_MAX);
-        prefetch_next_group(wg, group_bytes, pass, passes);
+        if (passes > 1) prefetch_share(wg + group_bytes, group_bytes, pass, passes); /* the next group */
         __m512 acc[RM_MAX];
         kern->tile[rm](wg, nb, xq + i0 * k, k, xd + i0 * nb, xs + i0 * nb * 4, acc);
         for (int i = 0; i < rm; ++i) {
@@ -452,15 +452,14 @@ static void g16_group_scratch(const g16_kernels *kern, int amx, const uint8_t *w
     uint8_t scr[SCR_BLOCKS * SCR_BLOCK] __attribute__((aligned(64)));
     float acc[SCR_X_ROWS * G16] __attribute__((aligned(64)));
     memset(acc, 0, sizeof acc);
-    /* the next slice's records (past the last, the next group's) into L2, spread over the row tiles */
-    const int64_t slice_bytes = SCR_BLOCKS * (group_bytes / nb), tiles = (m1 - m0 + XR - 1) / XR;
-    const int64_t share = (slice_bytes / tiles + 63) & ~(int64_t)63;
+    const int64_t block_bytes = group_bytes / nb, tiles = (m1 - m0 + XR - 1) / XR;
     for (int64_t b0 = 0; b0 < nb; b0 += SCR_BLOCKS) {
         const int64_t kn = nb - b0 < SCR_BLOCKS ? nb - b0 : SCR_BLOCKS;
         kern->unpack(wg, b0, kn, scr);
-        const uint8_t *pf = wg + (b0 + kn) * (group_bytes / nb), *pf_end = pf + slice_bytes;
-        for (int64_t i0 = m0; i0 < m1;) {
-            for (int64_t f = 0; f < share && pf < pf_end; f += 64, pf += 64) _mm_prefetch((const char *)pf, _MM_HINT_T1);
+        /* the next slice's records (past the last, the next group's), a share per tile of rows */
+        const uint8_t *next = wg + (b0 + kn) * block_bytes;
+        for (int64_t i0 = m0, tile = 0; i0 < m1; ++tile) {
+            prefetch_share(next, SCR_BLOCKS * block_bytes, tile, tiles);
             const int8_t *xr = xq + i0 * k + b0 * 32;
             const float *dr = xd + i0 * nb + b0, *sr = xs + (i0 * nb + b0) * 4;
             float *ar = acc + (i0 - m0) * G16;

@@ -47,16 +47,16 @@ static inline int rec16_bytes(int type) { /* per group and 32 elements (K-quants
     }
 }
 
-/* Pass `pass` of `passes` over one group's records (rows of x a tile at a time) fetches its share
-   of the next group's records into L2: after the first pass the group is in L1, the memory bus
-   idles and the hardware prefetchers do not run a group ahead (16 rows of x on a Zen 5: the
-   30 layers of SmolLM2 in Q4_1 1.3-1.5x faster). A single pass fetches nothing: a burst at the
-   group's start slowed one row down. */
-static inline void prefetch_next_group(const uint8_t *group, int64_t group_bytes, int64_t pass, int64_t passes) {
-    if (passes < 2) return;
-    const int64_t share = (group_bytes / passes + 63) & ~(int64_t)63;
-    for (int64_t f = pass * share; f < (pass + 1) * share && f < group_bytes; f += 64)
-        _mm_prefetch((const char *)(group + group_bytes + f), _MM_HINT_T1);
+/* Part `part` of `parts` of bytes [p, p + bytes) fetched into L2: a stream of weights fetched a
+   share at a time while the kernel works from L1 on what it already has. The 16-row kernels fetch
+   the next group during the passes of rows of x over this one after the first (without it each
+   group started with the memory bus idle: 16 rows of x on a Zen 5, the 30 layers of SmolLM2 in
+   Q4_1, 1.3-1.5x slower; one pass fetches nothing: a burst at the group's start slowed one row
+   down), the scratch tiles the next slice during the tiles of rows. */
+static inline void prefetch_share(const uint8_t *p, int64_t bytes, int64_t part, int64_t parts) {
+    const int64_t share = (bytes / parts + 63) & ~(int64_t)63;
+    for (int64_t f = part * share; f < (part + 1) * share && f < bytes; f += 64)
+        _mm_prefetch((const char *)(p + f), _MM_HINT_T1);
 }
 
 /* The unsigned q (0-63) of the 256 elements of one K-quant super-block, its per-sub-block
