@@ -24,9 +24,13 @@ def tiny_folder(tmp_path_factory):
     return save_tiny_model("llama", tmp_path_factory.mktemp("replay") / "llama")
 
 
-def _engine(folder, dtype: str) -> LLM:
+def _llm(folder, dtype: str) -> LLM:
     torch.set_num_threads(1)
-    llm = LLM(model=str(folder), dtype=dtype, num_kv_blocks=128, max_num_seqs=8, enable_prefix_caching=False)
+    return LLM(model=str(folder), dtype=dtype, num_kv_blocks=128, max_num_seqs=8, enable_prefix_caching=False)
+
+
+def _engine(folder, dtype: str) -> LLM:
+    llm = _llm(folder, dtype)
     if llm.engine.model.decode_replay is None:
         pytest.skip(f"no decode replay for {dtype} here (a kernel missing)")
     return llm
@@ -69,8 +73,7 @@ def test_python_loop_gives_the_step_programs_tokens(tiny_folder, monkeypatch):
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_replay_gives_the_forwards_tokens(tiny_folder, dtype):
-    torch.set_num_threads(1)
-    llm = LLM(model=str(tiny_folder), dtype=dtype, num_kv_blocks=128, max_num_seqs=8, enable_prefix_caching=False)
+    llm = _llm(tiny_folder, dtype)
     if llm.engine.model.decode_replay is None:
         # Only bf16 on a CPU with no bf16 matmul kernel (AVX512-BF16 / AMX): its weights stay
         # torch tensors, so there is nothing to replay and the forward serves every step.
