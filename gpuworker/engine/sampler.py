@@ -58,6 +58,7 @@ from typing import Optional
 import numpy as np
 import torch
 
+from inferq.gpuworker.engine import cpu_argmax
 from inferq.gpuworker.engine.host_upload import Upload
 from inferq.gpuworker.engine.keyed_draws import KeyedDraws
 from inferq.gpuworker.engine.penalty_tokens import PenaltyTokens
@@ -105,14 +106,20 @@ def greedy_argmax(logits: torch.Tensor) -> torch.Tensor:
     logits' own dtype (no cast, no copy of the rows).
 
     On CUDA this is ``argmax`` (one kernel). On CPU, ``max(dim=-1).indices`` and
-    ``argmax`` reduce element by element (~1.7 / 2.7 ns per logit on one core),
-    while ``amax`` is vectorised and bound by memory bandwidth. So: the max of each
-    block of ``_ARGMAX_BLOCK`` logits (one vectorised pass over the rows), the first
+    ``argmax`` reduce element by element (~1.7 / 2.7 ns per logit on one core): float32
+    and bfloat16 rows go to a C kernel (cpu_argmax.py, two vectorised passes). Where it
+    does not build (or for float16), ``amax`` is vectorised and bound by memory bandwidth.
+    So: the max of each block of ``_ARGMAX_BLOCK`` logits (one vectorised pass over the rows), the first
     block holding the row's max, and ``max().indices`` inside that block only.
     Same result as ``argmax``, ties included (first block, then first index in it).
     NaN rows fall back to ``argmax`` (NaN counts as the maximum there).
     """
-    if not _reads_are_free(logits.device) or logits.shape[-1] <= 2 * _ARGMAX_BLOCK:
+    if not _reads_are_free(logits.device):
+        return logits.argmax(dim=-1)
+    got = cpu_argmax.argmax_rows(logits)  # the C kernel, where it builds and takes the dtype
+    if got is not None:
+        return got
+    if logits.shape[-1] <= 2 * _ARGMAX_BLOCK:
         return logits.argmax(dim=-1)
     rows, vocab = logits.shape
     if rows == 1:  # one row: the per-op overhead of the blocked form outweighs it
