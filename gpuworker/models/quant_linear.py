@@ -134,6 +134,7 @@ class QuantWeight:
         self.packed = packed.contiguous()
         self.qtype, self.k, self.n = qtype, k, packed.shape[0]
         self.type_name = type_name(qtype)
+        self.name = name
         self.layout = "rows"  # the file's blocks row by row; "x16": quant_repack16's groups of 16 rows
 
     def repack16(self, lib: ctypes.CDLL) -> "QuantWeight":
@@ -204,6 +205,23 @@ class FloatWeight:
         return got.to(dtype)
 
 
+def merge_adjacent(segments: list) -> list:
+    """Neighbouring quantized segments of one type as one weight (their rows stacked): q, k and v
+    (gate and up) of one file type become one matmul call over one contiguous range of bytes, the
+    hardware prefetch running on from one into the next. Each output row's sum is its own, so the
+    results are the same bits."""
+    out: list = []
+    for seg in segments:
+        prev = out[-1] if out else None
+        if (isinstance(seg, QuantWeight) and isinstance(prev, QuantWeight) and prev.qtype == seg.qtype
+                and prev.layout == seg.layout == "rows"):
+            out[-1] = QuantWeight(torch.cat([prev.packed, seg.packed]), seg.qtype, seg.k,
+                                  f"{prev.name}+{seg.name}" if prev.name else seg.name)
+        else:
+            out.append(seg)
+    return out
+
+
 class QuantLinear:
     """One projection of segments stacked by rows; ``__call__(x, bias)`` is ``F.linear`` on
     their concatenation, in x's dtype (float32 or bfloat16); ``rows(ids)`` an embedding lookup."""
@@ -212,10 +230,11 @@ class QuantLinear:
                  activations: str | None = None) -> None:
         if not segments or len({s.k for s in segments}) != 1:
             raise ValueError("a quantized linear needs segments of one width")
-        self.lib, self.segments, self.dtype = lib, segments, dtype
+        self.lib, self.dtype = lib, dtype
         self.activations = activations_setting(activations)
+        self.segments = merge_adjacent(segments)
         if self.activations == "int8":
-            for seg in segments:
+            for seg in self.segments:
                 if isinstance(seg, QuantWeight):
                     seg.repack16(lib)
         self.k = segments[0].k

@@ -243,3 +243,20 @@ def test_weights_setting(monkeypatch):
     assert gguf_loader.weights_mode("cpu") == "dequantize"
     with pytest.raises(ValueError, match="expected one of native, dequantize, auto"):
         gguf_loader.weights_mode("cpu", "fp8")
+
+
+@pytest.mark.parametrize("activations", ["int8", "float"])
+def test_neighbouring_segments_of_one_type_run_as_one_matmul_with_the_same_bits(activations):
+    """q, k and v (gate and up) of one type become one weight, one kernel call; Q4_K_M's v in
+    Q6_K stays its own. The stacked weight gives each segment's own results bit for bit."""
+    lib = ql.load()
+    h = 256
+    segs = lambda types: [ql.QuantWeight(random_packed(t, n, h, seed=i), ref.SUPPORTED[t], h, f"s{i}")  # noqa: E731
+                          for i, (t, n) in enumerate(zip(types, (256, 128, 128)))]
+    x = torch.randn(5, h, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
+    for types, merged_types in ((("Q4_1",) * 3, ["Q4_1"]), (("Q4_K", "Q4_K", "Q6_K"), ["Q4_K", "Q6_K"])):
+        lin = ql.QuantLinear(lib, segs(types), torch.bfloat16, activations)
+        assert [s.type_name for s in lin.segments] == merged_types
+        assert lin.n == 512 and lin.segments[0].name == ("s0+s1+s2" if len(merged_types) == 1 else "s0+s1")
+        alone = torch.cat([ql.QuantLinear(lib, [s], torch.bfloat16, activations)(x) for s in segs(types)], dim=1)
+        assert torch.equal(lin(x), alone)
