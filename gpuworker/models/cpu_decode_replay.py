@@ -20,7 +20,9 @@ any other projection as its own call, its result copied into the fixed buffer. W
 piece has no C kernel here (oneDNN packing, q/k norms, a KV cache of another dtype, the
 attention backend not on its C decode kernel) the model never replays.
 
-The step's calls, in order, are one list (``_Recording.ops``). Where every one is a C kernel of
+The step's calls, in order, are one list (``_Recording.ops``), from the embedding's rows (a
+GGUF table's kernel; other tables are looked up from Python) and the positions' cos/sin rows to
+the final norm, reading the step's ids, positions and slots where the runner put them. Where every one is a C kernel of
 a known prototype, the list is encoded as a step program (cpu_step_program.py) that C walks in
 one foreign call; else (a projection through Python, or ``inferq bench step-breakdown`` timing
 each call) the same list is called from Python.
@@ -38,6 +40,23 @@ from inferq.kernels.cpu import loader
 log = logging.getLogger(__name__)
 
 MAX_ROWS = 64  # the ~300 calls a step are the same at any row count; past 64 rows they are a small part of it
+
+
+PerStep = cpu_step_program.PerStep
+# the step program's per-step parameters
+TABLES, TABLE_STRIDE, SCRATCH, IDS, POSITIONS, SLOTS, OUT = range(7)
+N_PARAMS = 7
+
+
+def _embed_call(model, b: int, residual: torch.Tensor):
+    """The embedding of a step's ids into ``residual`` as one kernel call where the table is a
+    GGUF's blocks (one segment), else None (the replay looks the rows up from Python)."""
+    table = model.packed_embed if model.packed_embed is not None else (
+        model.packed_lm_head if model.embed_tokens is None else None)
+    seg = getattr(table, "segments", None)
+    if not seg or len(seg) != 1 or not hasattr(seg[0], "rows_call"):
+        return None
+    return seg[0].rows_call(table.lib, PerStep(IDS), b, residual.data_ptr(), residual.dtype == torch.bfloat16)
 
 
 class ReplayRefused(RuntimeError):
@@ -77,7 +96,6 @@ class _Recording:
         self.cos, self.sin = e(b, d), e(b, d)
         self.rows = torch.arange(b, dtype=torch.int64)  # query row i is sequence i
         self.lens = torch.empty(b, dtype=torch.int64)
-        self.slots = torch.empty(b, dtype=torch.int64)
         self.buffers: list = []  # the projections' own buffers (x's int8 blocks)
         self.steps = None  # (the KV cache list they were made for, StepProgram or PythonSteps)
         self.scratch = torch.empty(0, dtype=torch.float32)
@@ -116,7 +134,15 @@ class _Recording:
                         (ptr(self.gate_up_out), 2 * inter, inter, ptr(self.act), b))]
             down_call = self._linear(down, self.act, layer.down_bias, self.down_out)
             self.layers.append((pre, qkv_call, post, mlp, o_call, down_call))
-        self.final = (norm, ptr(model.norm), eps)
+        self.final = (norm, (ptr(self.residual), ptr(self.down_out), ptr(model.norm), PerStep(OUT), b, h, eps))
+        # the step's inputs: the embedding's rows (quantized tables; else model.embed from
+        # Python) and the positions' cos/sin rows, read from the ids and positions themselves
+        embed = _embed_call(model, b, self.residual)
+        self.embed = None if embed is None else (wrap(embed[0], "other model ops"), embed[1])
+        rot = model.rotary
+        self.rotary_rows = [(cpu_step_program.gather, (ptr(mine), ptr(table), d * isz, PerStep(POSITIONS), b,
+                                                       table.shape[0]))
+                            for mine, table in ((self.cos, rot.cos), (self.sin, rot.sin))]
 
     def _linear(self, w, x: torch.Tensor, bias, y: torch.Tensor) -> list:
         """The calls of ``y = w(x, bias)`` on fixed buffers: PackedWeight._kernel's; a quantized
@@ -138,27 +164,28 @@ class _Recording:
         cache list: the engine allocates its caches once, so this is one identity check a step)."""
         if self.steps is None or self.steps[0] is not kv_caches:
             ops = self.ops(kv_caches)
-            steps = cpu_step_program.StepProgram.build(cpu_step_program.load(), ops, 3)
-            self.steps = (kv_caches, steps if steps is not None else cpu_step_program.PythonSteps(ops, 3))
+            steps = cpu_step_program.StepProgram.build(cpu_step_program.load(), ops, N_PARAMS)
+            self.steps = (kv_caches, steps if steps is not None else cpu_step_program.PythonSteps(ops, N_PARAMS))
         return self.steps[1]
 
     def ops(self, kv_caches) -> list:
-        """Every call of the step in order, ``(fn, args)``; the block table, its row stride and the
-        attention scratch are per-step parameters 0, 1, 2, the K/V slots ``self.slots``."""
-        tables, table_stride, scratch = (cpu_step_program.PerStep(i) for i in range(3))
+        """Every call of the step in order, ``(fn, args)``, from the embedding to the final norm;
+        per-step parameters (``PerStep``): the block table, its row stride, the attention
+        scratch, the ids, positions and K/V slots (int64) and the output rows."""
+        tables, table_stride, scratch = PerStep(TABLES), PerStep(TABLE_STRIDE), PerStep(SCRATCH)
         hq, hkv, d = self.heads
         q_stride, b, ptr = hq * d, self.b, (lambda t: t.data_ptr())  # noqa: E731
         block_size = kv_caches[0][0].shape[1]
-        ops = []
+        ops = [*([self.embed] if self.embed is not None else []), *self.rotary_rows]
         for (pre, qkv, post, mlp, o, down), (key_cache, value_cache) in zip(self.layers, kv_caches):
             kc, vc = ptr(key_cache), ptr(value_cache)
             ops += [pre, *qkv, self.rotary,
-                    (cpu_step_program.kv_store, (kc, vc, *self.kv_rows, self.kv_row_bytes, b, ptr(self.slots))),
+                    (cpu_step_program.kv_store, (kc, vc, *self.kv_rows, self.kv_row_bytes, b, PerStep(SLOTS))),
                     (self.attention, (ptr(self.qo), q_stride, ptr(self.attn), q_stride, kc, vc, tables, table_stride,
                                       ptr(self.rows), ptr(self.rows), ptr(self.lens), b, hq, hkv, d, block_size,
                                       self.scale, scratch)),
                     *o, post, *mlp, *down]
-        return ops
+        return ops + [self.final]
 
     def scratch_for(self, max_len: int, threads: int) -> int:
         """The attention kernel's fp32 scratch (as the torch backend sizes it), grown as needed."""
@@ -199,9 +226,10 @@ class DecodeReplay:
         """Drop the recordings (they hold the kernel functions they were made with)."""
         self._recordings.clear()
 
-    def applies(self, input_ids: torch.Tensor, kv_caches, meta) -> bool:
+    def applies(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches, meta) -> bool:
         b = input_ids.shape[0]
         return (self.enabled and meta.max_query_len == 1 and 0 < b <= MAX_ROWS and meta.all_slots_valid
+                and all(t.dtype == torch.int64 and t.is_contiguous() for t in (input_ids, positions, meta.slot_mapping))
                 and len(meta.seq_lens_cpu) == b and meta.block_tables.dtype == torch.int32
                 and meta.block_tables.is_contiguous() and kv_caches[0][0].dtype == self.model.dtype)
 
@@ -229,26 +257,22 @@ class DecodeReplay:
         return out
 
     def _replay(self, rec: _Recording, input_ids, positions, kv_caches, meta) -> torch.Tensor:
-        model = self.model
         kernels = self.kernels
         kernels.sync()
         for lib in self.libs:
             if hasattr(lib, "threads"):
                 loader.sync_threads(lib)
-        rec.residual.copy_(model.embed(input_ids))
-        rot = model.rotary
-        torch.index_select(rot.cos, 0, positions, out=rec.cos)
-        torch.index_select(rot.sin, 0, positions, out=rec.sin)
+        if rec.embed is None:
+            rec.residual.copy_(self.model.embed(input_ids))
         rec.lens.copy_(meta.seq_lens)
-        rec.slots.copy_(meta.slot_mapping)
         tables = meta.block_tables
-        steps = rec.steps_for(kv_caches)
-        steps.params[0], steps.params[1] = tables.data_ptr(), tables.stride(0)
-        steps.params[2] = rec.scratch_for(meta.max_seq_len, kernels.lib.threads)
-        _check(steps.run()[0])
-        norm, weight, eps = rec.final
         out = torch.empty_like(rec.x)  # a fresh tensor: the caller may keep it past the next step
-        _check(norm(rec.residual.data_ptr(), rec.down_out.data_ptr(), weight, out.data_ptr(), rec.b,
-                    out.shape[1], eps))
+        steps = rec.steps_for(kv_caches)
+        params = steps.params
+        params[TABLES], params[TABLE_STRIDE] = tables.data_ptr(), tables.stride(0)
+        params[SCRATCH] = rec.scratch_for(meta.max_seq_len, kernels.lib.threads)
+        params[IDS], params[POSITIONS] = input_ids.data_ptr(), positions.data_ptr()
+        params[SLOTS], params[OUT] = meta.slot_mapping.data_ptr(), out.data_ptr()
+        _check(steps.run()[0])
         return out
 

@@ -7,7 +7,7 @@ a quantized model's batch-1 step. Here the calls are encoded once into an array 
 kernel's address, its call shape, its arguments) that ``run_step_program`` walks in C.
 
 A step is one list of ``(fn, args)`` in call order; an argument may be a ``PerStep`` (read
-from ``params`` at each run) and ``kv_store`` is the one op with no kernel. ``StepProgram.build``
+from ``params`` at each run); ``kv_store`` and ``gather`` are the ops with no kernel. ``StepProgram.build``
 encodes the list for C. An op's call shape is read from the ctypes function's own ``argtypes``
 and ``restype`` (the prototypes step_program.c knows), so a kernel whose signature is not one
 of them, or a Python callable (a timed wrapper, a projection through torch), makes ``build``
@@ -34,8 +34,9 @@ _SHAPES = {
     ((_p, _i, _i, _p, _i), _c): 5,
     ((_p, _i, _c, _i, _i, _p, _p, _p), None): 6,
     ((_c, _p, _p, _p, _i, _i, _p, _i, _p, _i, _c), _c): 7,
+    ((_c, _p, _i, _i, _p, _i, _p, _c), _c): 8,
 }
-_KV_STORE = 8
+_KV_STORE, _GATHER = 9, 10  # the ops with no kernel
 
 
 class StepOp(ctypes.Structure):
@@ -61,6 +62,19 @@ def kv_store(key_cache: int, value_cache: int, k_rows: int, k_stride: int, v_row
         ctypes.memmove(value_cache + slot * row_bytes, v_rows + r * v_stride, row_bytes)
     return 0
 
+
+def gather(dst: int, src: int, row_bytes: int, idx: int, rows: int, src_rows: int) -> int:
+    """Row ``idx[r]`` of ``src`` to row r of ``dst`` (``idx`` the address of int64s), or -1 with
+    nothing copied for an index outside ``[0, src_rows)``: step_program.c's SHAPE_GATHER."""
+    picked = list((ctypes.c_int64 * rows).from_address(idx))
+    if any(i < 0 or i >= src_rows for i in picked):
+        return -1
+    for r, i in enumerate(picked):
+        ctypes.memmove(dst + r * row_bytes, src + i * row_bytes, row_bytes)
+    return 0
+
+
+_NO_KERNEL = ((kv_store, _KV_STORE), (gather, _GATHER))
 
 _lock = threading.Lock()
 _loaded: "ctypes.CDLL | None | bool" = False
@@ -116,10 +130,14 @@ class StepProgram:
 
     def add(self, fn, args) -> bool:
         """Append ``fn(*args)``; False (nothing added) where ``fn`` has no known call shape."""
-        if fn is kv_store:
-            op = StepOp(fn=None, shape=_KV_STORE)
+        no_kernel = next((shape for f, shape in _NO_KERNEL if f is fn), None)
+        if no_kernel is not None:
+            op = StepOp(fn=None, shape=no_kernel)
             for j, v in enumerate(args):
-                op.a[j] = v
+                if isinstance(v, PerStep):
+                    op.per_step |= 1 << j
+                    v = v.index
+                op.a[j] = _arg(v)
             self._ops.append(op)
             return True
         shape = _SHAPES.get((tuple(getattr(fn, "argtypes", None) or ()), getattr(fn, "restype", None)))

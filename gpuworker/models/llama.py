@@ -285,7 +285,7 @@ class LlamaForCausalLM(nn.Module):
         if len(kv_caches) != len(self.layers):
             raise ValueError(f"expected {len(self.layers)} kv caches, got {len(kv_caches)}")
         replay = self.decode_replay
-        if replay is not None and keep_rows is None and replay.applies(input_ids, kv_caches, meta):
+        if replay is not None and keep_rows is None and replay.applies(input_ids, positions, kv_caches, meta):
             return replay.run(input_ids, positions, kv_caches, meta,
                               lambda: self.layers_forward(input_ids, positions, kv_caches, meta))
         return self.layers_forward(input_ids, positions, kv_caches, meta, keep_rows)

@@ -93,10 +93,10 @@ def _build(isa: str | None) -> ctypes.CDLL | None:
     lib.quant_repack16.restype = c
     lib.quant_repack16_bytes.argtypes = [c, i, i]
     lib.quant_repack16_bytes.restype = i
-    lib.quant_rows16.argtypes = [c, p, i, p, i, p, c]
+    lib.quant_rows16.argtypes = [c, p, i, i, p, i, p, c]
     lib.quant_rows16.restype = c
     lib.repack16 = bool(lib.quant_has_repack16())
-    lib.quant_rows.argtypes = [c, p, i, p, i, p, c]
+    lib.quant_rows.argtypes = [c, p, i, i, p, i, p, c]
     lib.quant_rows.restype = c
     lib.quant_isa.restype = ctypes.c_char_p
     lib.isa = lib.quant_isa().decode()
@@ -168,14 +168,19 @@ class QuantWeight:
         if rc != 0:
             raise RuntimeError(f"quantized matmul failed (rc {rc}) for {self.type_name} ({self.n}, {self.k})")
 
+    def rows_call(self, lib: ctypes.CDLL, ids, n_ids: int, out: int, out_bf16: bool) -> tuple:
+        """``(fn, args)`` writing rows ``ids`` (the address of ``n_ids`` int64) at address ``out``;
+        the kernel returns -2, writing nothing, for an id outside the table."""
+        fn = lib.quant_rows16 if self.layout == "x16" else lib.quant_rows
+        return fn, (self.qtype, self.packed.data_ptr(), self.n, self.k, ids, n_ids, out, int(out_bf16))
+
     def rows(self, lib: ctypes.CDLL, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         ids = ids.reshape(-1).to(torch.int64).contiguous()
-        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.n):
-            raise IndexError(f"row ids out of range for a table of {self.n} rows")
         out = torch.empty(ids.numel(), self.k, dtype=dtype)
-        rows = lib.quant_rows16 if self.layout == "x16" else lib.quant_rows
-        rc = rows(self.qtype, self.packed.data_ptr(), self.k, ids.data_ptr(), ids.numel(), out.data_ptr(),
-                            int(dtype == torch.bfloat16))
+        fn, args = self.rows_call(lib, ids.data_ptr(), ids.numel(), out.data_ptr(), dtype == torch.bfloat16)
+        rc = fn(*args)
+        if rc == -2:
+            raise IndexError(f"row ids out of range for a table of {self.n} rows")
         if rc != 0:
             raise RuntimeError(f"row lookup failed (rc {rc}) for {self.type_name}")
         return out

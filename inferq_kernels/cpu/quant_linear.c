@@ -484,10 +484,14 @@ static void dequant_block(int type, const uint8_t *p, float *out) {
     }
 }
 
-/* out[i, :] = row ids[i] of W[., k] as floats (float32, or bfloat16 where out_bf16): an
-   embedding lookup on the packed table. Returns 0, or -1 as quant_linear does. */
-int quant_rows(int type, const uint8_t *w, int64_t k, const int64_t *ids, int64_t n_ids, void *out, int out_bf16) {
+/* out[i, :] = row ids[i] of W[n, k] as floats (float32, or bfloat16 where out_bf16): an
+   embedding lookup on the packed table. Returns 0, -1 as quant_linear does, or -2 for an id
+   outside [0, n) (nothing written). */
+int quant_rows(int type, const uint8_t *w, int64_t n, int64_t k, const int64_t *ids, int64_t n_ids, void *out,
+               int out_bf16) {
     if (!qblock_bytes(type) || k <= 0 || k % qblock_elems(type)) return -1;
+    for (int64_t i = 0; i < n_ids; ++i)
+        if (ids[i] < 0 || ids[i] >= n) return -2;
     const int e = qblock_elems(type), bytes = qblock_bytes(type);
     const int64_t row_bytes = k / e * bytes;
     for (int64_t i = 0; i < n_ids; ++i) {

@@ -223,8 +223,11 @@ static void repacked_row(int type, const uint8_t *wp, int64_t k, int64_t row, fl
     }
 }
 
-int quant_rows16(int type, const uint8_t *wp, int64_t k, const int64_t *ids, int64_t n_ids, void *out, int out_bf16) {
+int quant_rows16(int type, const uint8_t *wp, int64_t n, int64_t k, const int64_t *ids, int64_t n_ids, void *out,
+                 int out_bf16) {
     if (!rec16_bytes(type) || k % qblock_elems(type)) return -1;
+    for (int64_t i = 0; i < n_ids; ++i)
+        if (ids[i] < 0 || ids[i] >= n) return -2;
     for (int64_t i = 0; i < n_ids; ++i) {
         float v[k];
         repacked_row(type, wp, k, ids[i], v);

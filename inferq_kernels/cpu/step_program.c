@@ -28,8 +28,11 @@ enum {
     SHAPE_SILU_MUL,     /* (p, i64, i64, p, i64) -> int */
     SHAPE_QUANT_X,      /* (p, i64, int, i64, i64, p, p, p) -> void: x's int8 blocks */
     SHAPE_QUANT_LINEAR, /* (int, p, p, p, i64, i64, p, i64, p, i64, int) -> int: GGUF blocks */
+    SHAPE_QUANT_ROWS,   /* (int, p, i64, i64, p, i64, p, int) -> int: rows of GGUF blocks (embedding) */
     SHAPE_KV_STORE,     /* no kernel: rows a[7] of k (a[2], stride a[3]) and v (a[4], stride a[5])
                            to key/value cache slots (a[0], a[1]), slot numbers at a[8], a[6] bytes */
+    SHAPE_GATHER,       /* no kernel: a[4] rows of a[2] bytes to a[0] from rows idx[r] of a[1], the
+                           int64 idx at a[3]; -1 (nothing copied) for an index outside [0, a[5]) */
     SHAPE_COUNT
 };
 
@@ -42,6 +45,14 @@ static int kv_store(const I *a) {
         memcpy((char *)a[0] + slots[r] * a[6], (const char *)a[2] + r * a[3], (size_t)a[6]);
         memcpy((char *)a[1] + slots[r] * a[6], (const char *)a[4] + r * a[5], (size_t)a[6]);
     }
+    return 0;
+}
+
+static int gather(const I *a) {
+    const int64_t *idx = (const int64_t *)a[3];
+    for (I r = 0; r < a[4]; ++r)
+        if (idx[r] < 0 || idx[r] >= a[5]) return -1;
+    for (I r = 0; r < a[4]; ++r) memcpy((char *)a[0] + r * a[2], (const char *)a[1] + idx[r] * a[2], (size_t)a[2]);
     return 0;
 }
 
@@ -70,8 +81,13 @@ static int call(const step_op *op, const I *a) {
     case SHAPE_QUANT_LINEAR:
         return ((int (*)(int, P, P, P, I, I, P, I, P, I, int))op->fn)(
             (int)a[0], (P)a[1], (P)a[2], (P)a[3], a[4], a[5], (P)a[6], a[7], (P)a[8], a[9], (int)a[10]);
+    case SHAPE_QUANT_ROWS:
+        return ((int (*)(int, P, I, I, P, I, P, int))op->fn)((int)a[0], (P)a[1], a[2], a[3], (P)a[4], a[5], (P)a[6],
+                                                             (int)a[7]);
     case SHAPE_KV_STORE:
         return kv_store(a);
+    case SHAPE_GATHER:
+        return gather(a);
     }
     return -1;
 }

@@ -183,6 +183,9 @@ def test_row_lookup_is_the_dequantized_table(isa, name):
         assert torch.equal(lin.rows(ids), want)
     lin = ql.QuantLinear(ql.load(isa), [ql.QuantWeight(packed, ref.SUPPORTED[name], k)], torch.bfloat16, "int8")
     assert torch.equal(lin.rows(ids), want.bfloat16())
+    for bad in ([0, n], [-1]):  # the kernel checks the ids against the table
+        with pytest.raises(IndexError, match=f"table of {n} rows"):
+            lin.rows(torch.tensor(bad))
 
 
 def test_fused_segments_of_mixed_types_write_their_columns(isa):

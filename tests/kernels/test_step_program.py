@@ -106,6 +106,54 @@ def test_kv_store_puts_each_row_in_its_slot(runner):
     assert torch.equal(key_cache[others], torch.zeros(len(others), width))
 
 
+@pytest.mark.parametrize("runner", ["program", "python"])
+def test_gather_copies_the_rows_named_at_each_run_and_refuses_an_index_outside_the_table(runner):
+    table = torch.randn(6, 5)
+    out = torch.zeros(3, 5)
+    row_bytes = 5 * 4
+    ops = [(cpu_step_program.gather, (out.data_ptr(), table.data_ptr(), row_bytes, cpu_step_program.PerStep(0), 3, 6))]
+    steps = (cpu_step_program.StepProgram.build(cpu_step_program.load(), ops, 1) if runner == "program"
+             else cpu_step_program.PythonSteps(ops, 1))
+    for picked in ([4, 0, 4], [5, 1, 2]):
+        idx = torch.tensor(picked, dtype=torch.int64)
+        steps.params[0] = idx.data_ptr()
+        assert steps.run() == (0, -1)
+        assert torch.equal(out, table[idx])
+    before = out.clone()
+    for bad in ([1, 6, 0], [-1, 0, 0]):
+        idx = torch.tensor(bad, dtype=torch.int64)
+        steps.params[0] = idx.data_ptr()
+        assert steps.run() == (-1, 0)
+        assert torch.equal(out, before)  # nothing copied
+
+
+@pytest.mark.parametrize("runner", ["program", "python"])
+def test_quantized_rows_run_as_an_op_with_the_ids_read_at_each_run(runner):
+    from inferq.gpuworker.models import quant_linear as ql
+    from inferq.kernels.cpu import quant_reference as ref
+    from tests.kernels.test_gguf_quant import random_packed
+
+    lib = ql.load()
+    if lib is None:
+        pytest.skip("the quantized CPU kernels do not build here (no C compiler or no AVX2)")
+    packed = random_packed("Q4_1", 40, 64, seed=1)
+    weight = ql.QuantLinear(lib, [ql.QuantWeight(packed, ref.SUPPORTED["Q4_1"], 64)], torch.float32).segments[0]
+    out = torch.zeros(2, 64)
+    ops = [weight.rows_call(lib, cpu_step_program.PerStep(0), 2, out.data_ptr(), False)]
+    steps = (cpu_step_program.StepProgram.build(cpu_step_program.load(), ops, 1) if runner == "program"
+             else cpu_step_program.PythonSteps(ops, 1))
+    assert steps is not None
+    for picked in ([3, 39], [0, 3]):
+        ids = torch.tensor(picked, dtype=torch.int64)
+        steps.params[0] = ids.data_ptr()
+        assert steps.run() == (0, -1)
+        assert torch.equal(out, ref.quant_rows(packed, ref.SUPPORTED["Q4_1"], 64, ids))
+    ids = torch.tensor([0, 40], dtype=torch.int64)  # past the table: refused (-2), nothing written
+    steps.params[0] = ids.data_ptr()
+    before = out.clone()
+    assert steps.run() == (-2, 0) and torch.equal(out, before)
+
+
 def test_python_steps_make_the_same_calls_with_the_same_per_step_arguments():
     kern = cpu_kernels.load()
     silu = kern.silu_mul[torch.float32]

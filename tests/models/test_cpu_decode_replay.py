@@ -96,7 +96,7 @@ def test_replayed_step_equals_forward_bit_for_bit(tiny_folder):
 
     def forward(ids, positions, kv_caches, meta, keep_rows=None):
         got = replay_forward(ids, positions, kv_caches, meta, keep_rows)
-        if replay.applies(ids, kv_caches, meta) and 1 in replay._checked:
+        if replay.applies(ids, positions, kv_caches, meta) and 1 in replay._checked:
             seen.append(torch.equal(got, model.layers_forward(ids, positions, kv_caches, meta)))
         return got
 
@@ -120,7 +120,8 @@ def test_replay_can_be_switched_off(tiny_folder, monkeypatch):
 def test_gguf_native_projections_replay_as_their_kernel_calls(monkeypatch):
     """The bundled Q4_1 model with its blocks as stored: every quantized projection is
     replayed as its own kernel calls (QuantLinear.replay_calls: no tensors made per step), and
-    the tokens are the forward's at 1 to 3 rows, the replay's first-step checks passing."""
+    the tokens are the forward's at 1 to 3 rows, the replay's first-step checks passing; the
+    embedding lookup, the cos/sin rows and the final norm are ops of the step program too."""
     from inferq.gpuworker.models import cpu_decode_replay
     from inferq.gpuworker.models import quant_linear as ql
     from inferq.gpuworker.models.loader import bundled_model_path
@@ -134,3 +135,7 @@ def test_gguf_native_projections_replay_as_their_kernel_calls(monkeypatch):
         for pre, qkv, post, mlp, o, down in rec.layers:
             for fn, args in (*qkv, *o, *down, *mlp):
                 assert fn is not cpu_decode_replay._call_into, "a quantized projection went through Python"
+        # the whole step is the program: the quantized embedding's rows and the positions' cos/sin
+        # first, the final norm last
+        ops = rec.ops(rec.steps[0])
+        assert rec.embed is not None and ops[0] is rec.embed and ops[1:3] == rec.rotary_rows and ops[-1] is rec.final
