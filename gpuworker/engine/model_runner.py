@@ -242,6 +242,8 @@ class ModelRunner:
         q_lens = np.array(q_lens_l, dtype=np.int64)
         rows = self.tables.rows_for(rids, kv)
         seq_lens = starts + q_lens
+        seq_lens_l = seq_lens.tolist()
+        max_seq_len = max(seq_lens_l)  # Python's max of a list: no numpy reduction per step
         qsl = np.zeros(b + 1, dtype=np.int64)
         np.cumsum(q_lens, out=qsl[1:])
         t = int(qsl[-1])
@@ -252,7 +254,7 @@ class ModelRunner:
             seq_index = np.repeat(np.arange(b), q_lens)
             positions = np.arange(t, dtype=np.int64) - qsl[:-1][seq_index] + starts[seq_index]
             seq_rows = rows[seq_index]
-        width = int(-(-int(seq_lens.max()) // bs))
+        width = -(-max_seq_len // bs)
         table = self.tables.table
         slots = table[seq_rows, positions // bs] * bs + positions % bs
         sample_rows = qsl[1:] - 1
@@ -287,11 +289,11 @@ class ModelRunner:
             seq_lens=moved32[l0:c0],
             context_lens=moved32[c0:b0],
             block_tables=moved32[b0:n32].view(b, width),
-            max_query_len=int(q_lens.max()),
-            max_seq_len=int(seq_lens.max()),
+            max_query_len=max(q_lens_l),
+            max_seq_len=max_seq_len,
             block_size=bs,
-            query_lens_cpu=q_lens.tolist(),
-            seq_lens_cpu=seq_lens.tolist(),
+            query_lens_cpu=q_lens_l,
+            seq_lens_cpu=seq_lens_l,
             all_slots_valid=True,
         )
         return moved[i0:p0], moved[p0:s0], meta, (moved[r0:n64] if ns else None), sampling, qsl
@@ -315,7 +317,14 @@ class ModelRunner:
         prompt_logprobs = any(s.request.prompt_logprobs is not None for s in sched.scheduled)
         pooling = pooling_rows(scheduled) if self.pooling_requests else None
         kept = False  # hidden holds the sampling rows only
-        if self.graphs is not None and self.graphs.can_run(meta):
+        greedy = all(r.plain_greedy for r in reqs)
+        head = None  # (logits, greedy tokens or None) of a decode step replayed on the CPU with its LM head
+        if (self.device.type == "cpu" and rows_idx is not None and rows_idx.numel() == ids.shape[0]
+                and not prompt_logprobs and not pooling and not speculating):
+            head = self.model.replayed_head(ids, positions, self.kv_caches, meta, greedy)
+        if head is not None:
+            hidden = None
+        elif self.graphs is not None and self.graphs.can_run(meta):
             hidden = self.graphs.run(ids, positions, meta)
         elif rows_idx is not None and 0 < rows_idx.numel() < ids.shape[0] and not prompt_logprobs and not pooling:
             # Only the sampling rows' hidden states are wanted: the last layer's MLP skips the rest.
@@ -330,20 +339,22 @@ class ModelRunner:
         if rows_idx is None:
             times.prepare, times.forward = t1 - t0, time.perf_counter() - t1
             return SampledTokens()
-        # Logits only for rows that sample: the last token of each finished prompt/decode.
-        if not kept and rows_idx.numel() != hidden.shape[0]:
-            hidden = hidden.index_select(0, rows_idx)
-        greedy = all(r.plain_greedy for r in reqs)
-        # Greedy rows need only the best token: logits stay in the model dtype (widening
-        # bf16 to fp32 is exact, so the winner and its tie-breaking are the same).
-        logits = self.model.lm_logits(hidden) if greedy else self.model.compute_logits(hidden)
+        if head is not None:
+            logits = head[0]
+        else:
+            # Logits only for rows that sample: the last token of each finished prompt/decode.
+            if not kept and rows_idx.numel() != hidden.shape[0]:
+                hidden = hidden.index_select(0, rows_idx)
+            # Greedy rows need only the best token: logits stay in the model dtype (widening
+            # bf16 to fp32 is exact, so the winner and its tie-breaking are the same).
+            logits = self.model.lm_logits(hidden) if greedy else self.model.compute_logits(hidden)
         t2 = time.perf_counter()
         times.prepare, times.forward = t1 - t0, t2 - t1
         if greedy:
             # Greedy fast path at the call site: the first index of each row's maximum,
             # in the logits' own dtype (on CPU a blocked, vectorised argmax; see
             # sampler.greedy_argmax); one device->host copy.
-            token_ids = greedy_argmax(logits).tolist()
+            token_ids = (head[1] if head is not None else greedy_argmax(logits)).tolist()
             lps: list = [None] * len(row_reqs)
         else:
             if shaped:

@@ -33,6 +33,8 @@ import logging
 
 import torch
 
+from inferq.gpuworker.engine import cpu_argmax
+from inferq.gpuworker.engine.sampler import greedy_argmax
 from inferq.gpuworker.models import cpu_step_program
 from inferq.gpuworker.models.cpu_linear import PackedGateUp, PackedWeight
 from inferq.kernels.cpu import loader
@@ -46,6 +48,8 @@ PerStep = cpu_step_program.PerStep
 # the step program's per-step parameters
 TABLES, TABLE_STRIDE, SCRATCH, IDS, POSITIONS, SLOTS, OUT = range(7)
 N_PARAMS = 7
+# what a step program ends with: the final-normed hidden rows, the logits, the greedy tokens
+HIDDEN, LOGITS, TOKENS = "hidden", "logits", "tokens"
 
 
 def _embed_call(model, b: int, residual: torch.Tensor):
@@ -97,12 +101,13 @@ class _Recording:
         self.rows = torch.arange(b, dtype=torch.int64)  # query row i is sequence i
         self.lens = torch.empty(b, dtype=torch.int64)
         self.buffers: list = []  # the projections' own buffers (x's int8 blocks)
-        self.steps = None  # (the KV cache list they were made for, StepProgram or PythonSteps)
+        self.steps = None  # (the KV cache list they were made for, {kind: StepProgram or PythonSteps})
         self.scratch = torch.empty(0, dtype=torch.float32)
         self.kv_row_bytes = hkv * d * isz
         ptr = lambda t: t.data_ptr()  # noqa: E731
         kernels = layer0.cpu_kernels
         wrap = instrument or (lambda fn, part: fn)
+        self.wrap = wrap
         self.wrap_linear = lambda fn: wrap(fn, "linear")  # noqa: E731
         norm, rotary = wrap(kernels.add_rms_norm[dt], "other model ops"), wrap(kernels.rotary[dt], "other model ops")
         eps = cfg.rms_norm_eps
@@ -137,6 +142,7 @@ class _Recording:
         self.final = (norm, (ptr(self.residual), ptr(self.down_out), ptr(model.norm), PerStep(OUT), b, h, eps))
         # the step's inputs: the embedding's rows (quantized tables; else model.embed from
         # Python) and the positions' cos/sin rows, read from the ids and positions themselves
+        self.head = self._head(model, norm, eps)
         embed = _embed_call(model, b, self.residual)
         self.embed = None if embed is None else (wrap(embed[0], "other model ops"), embed[1])
         rot = model.rotary
@@ -144,34 +150,60 @@ class _Recording:
                                                        table.shape[0]))
                             for mine, table in ((self.cos, rot.cos), (self.sin, rot.sin))]
 
-    def _linear(self, w, x: torch.Tensor, bias, y: torch.Tensor) -> list:
+    def _head(self, model, norm, eps):
+        """``(ops, logits, tokens)``: the final norm into a buffer of its own, the LM head into
+        ``logits`` and (for greedy rows) their argmax into ``tokens``, as kernel calls; None
+        where the LM head has no kernel call here (it runs from Python after the forward)."""
+        head, argmax = model.packed_lm_head, cpu_argmax.load()
+        if head is None or isinstance(head, torch.Tensor) or model.logits_cols is not None or argmax is None:
+            return None
+        b, dt = self.b, model.dtype
+        self.hidden = torch.empty_like(self.x)
+        logits, tokens = torch.empty(b, head.n, dtype=dt), torch.empty(b, dtype=torch.int64)
+        calls = self._linear(head, self.hidden, None, logits, part="LM head", from_python=False)
+        if calls is None:
+            return None
+        ptr = lambda t: t.data_ptr()  # noqa: E731
+        final = (norm, (ptr(self.residual), ptr(self.down_out), ptr(model.norm), ptr(self.hidden), b,
+                        self.hidden.shape[1], eps))
+        pick = (self.wrap(argmax.fns[dt], "sampler"), (ptr(logits), head.n, b, head.n, ptr(tokens)))
+        return [final, *calls], [pick], logits, tokens
+
+    def _linear(self, w, x: torch.Tensor, bias, y: torch.Tensor, part: str = "linear", from_python: bool = True):
         """The calls of ``y = w(x, bias)`` on fixed buffers: PackedWeight._kernel's; a quantized
         projection's own kernel calls (QuantLinear.replay_calls) where it has them and no bias;
-        else the projection's call."""
+        else the projection's call (``_call_into``, from Python), or None if not ``from_python``."""
+        wrap = lambda fn: self.wrap(fn, part)  # noqa: E731
         if not isinstance(w, PackedWeight):
             raw = getattr(w, "replay_calls", None)
             made = raw(x, y) if raw is not None and bias is None else None
             if made is not None:
                 calls, buffers = made
                 self.buffers.append(buffers)
-                return [(self.wrap_linear(fn), args) for fn, args in calls]
-            return [(self.wrap_linear(_call_into), (w, x, bias, y))]
-        return [(self.wrap_linear(w._run), (x.data_ptr(), x.stride(0), x.shape[0], w.packed.data_ptr(), w.n, w.k,
+                return [(wrap(fn), args) for fn, args in calls]
+            return [(wrap(_call_into), (w, x, bias, y))] if from_python else None
+        return [(wrap(w._run), (x.data_ptr(), x.stride(0), x.shape[0], w.packed.data_ptr(), w.n, w.k,
                                             None if bias is None else bias.data_ptr(), y.data_ptr(), w.n))]
 
-    def steps_for(self, kv_caches):
-        """The step's calls for these KV caches: a StepProgram, else PythonSteps (made once per
-        cache list: the engine allocates its caches once, so this is one identity check a step)."""
-        if self.steps is None or self.steps[0] is not kv_caches:
-            ops = self.ops(kv_caches)
-            steps = cpu_step_program.StepProgram.build(cpu_step_program.load(), ops, N_PARAMS)
-            self.steps = (kv_caches, steps if steps is not None else cpu_step_program.PythonSteps(ops, N_PARAMS))
-        return self.steps[1]
+    def steps_for(self, kv_caches, kind: str = HIDDEN):
+        """The step's calls for these KV caches, ending as ``kind`` says (HIDDEN, LOGITS or
+        TOKENS): a StepProgram, else PythonSteps (made once per cache list and kind: the engine
+        allocates its caches once, so this is one identity check a step)."""
+        made = self.steps[1].get(kind) if self.steps is not None and self.steps[0] is kv_caches else None
+        if made is None:
+            ops = self.ops(kv_caches, kind)
+            made = cpu_step_program.StepProgram.build(cpu_step_program.load(), ops, N_PARAMS)
+            made = made if made is not None else cpu_step_program.PythonSteps(ops, N_PARAMS)
+            if self.steps is None or self.steps[0] is not kv_caches:
+                self.steps = (kv_caches, {})
+            self.steps[1][kind] = made
+        return made
 
-    def ops(self, kv_caches) -> list:
-        """Every call of the step in order, ``(fn, args)``, from the embedding to the final norm;
-        per-step parameters (``PerStep``): the block table, its row stride, the attention
-        scratch, the ids, positions and K/V slots (int64) and the output rows."""
+    def ops(self, kv_caches, kind: str = HIDDEN) -> list:
+        """Every call of the step in order, ``(fn, args)``, from the embedding to the final norm
+        into the output rows (HIDDEN), or on through the LM head (LOGITS) and the argmax
+        (TOKENS); per-step parameters (``PerStep``): the block table, its row stride, the
+        attention scratch, the ids, positions and K/V slots (int64) and the output rows."""
         tables, table_stride, scratch = PerStep(TABLES), PerStep(TABLE_STRIDE), PerStep(SCRATCH)
         hq, hkv, d = self.heads
         q_stride, b, ptr = hq * d, self.b, (lambda t: t.data_ptr())  # noqa: E731
@@ -185,7 +217,10 @@ class _Recording:
                                       ptr(self.rows), ptr(self.rows), ptr(self.lens), b, hq, hkv, d, block_size,
                                       self.scale, scratch)),
                     *o, post, *mlp, *down]
-        return ops + [self.final]
+        if kind == HIDDEN:
+            return ops + [self.final]
+        head, pick = self.head[0], self.head[1]
+        return ops + head + (pick if kind == TOKENS else [])
 
     def scratch_for(self, max_len: int, threads: int) -> int:
         """The attention kernel's fp32 scratch (as the torch backend sizes it), grown as needed."""
@@ -206,7 +241,8 @@ class DecodeReplay:
         self.enabled = True
         self.instrument = None  # see _Recording; forget() after setting it
         self._recordings: dict[int, _Recording] = {}
-        self._checked: set[int] = set()
+        self._checked: set[int] = set()  # row counts checked against the forward, in any kind
+        self._checked_kinds: set[tuple[int, str]] = set()
 
     @staticmethod
     def supported(model) -> bool:
@@ -233,30 +269,71 @@ class DecodeReplay:
                 and len(meta.seq_lens_cpu) == b and meta.block_tables.dtype == torch.int32
                 and meta.block_tables.is_contiguous() and kv_caches[0][0].dtype == self.model.dtype)
 
+    def _recording(self, b: int) -> _Recording:
+        rec = self._recordings.get(b)
+        if rec is None:
+            rec = self._recordings[b] = _Recording(self.model, b, self.instrument)
+        return rec
+
     def run(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches, meta, forward):
         """The final-normed hidden states of a decode-only step; ``forward`` is the model's
         layer-by-layer forward, run instead where the replay cannot (and beside the first
         replay of each row count, as its check)."""
         b = input_ids.shape[0]
-        rec = self._recordings.get(b)
-        if rec is None:
-            rec = self._recordings[b] = _Recording(self.model, b, self.instrument)
-        try:
-            out = self._replay(rec, input_ids, positions, kv_caches, meta)
-        except ReplayRefused as e:
-            log.warning("CPU decode replay refused by a kernel (rc %s): decode steps take the forward", e)
-            self.enabled = False
+        rec = self._recording(b)
+        out = torch.empty_like(rec.x)  # a fresh tensor: the caller may keep it past the next step
+        if not self._replayed(rec, input_ids, positions, kv_caches, meta, HIDDEN, out):
             return forward()
-        if b not in self._checked:
+        if (b, HIDDEN) not in self._checked_kinds:
             expected = forward()  # rewrites the same K/V slots with its own values
-            if not torch.equal(out, expected):
-                log.warning("CPU decode replay differs from the forward at %d rows: decode steps take the forward", b)
-                self.enabled = False
-            self._checked.add(b)
+            self._check_against(b, HIDDEN, torch.equal(out, expected))
             return expected
         return out
 
-    def _replay(self, rec: _Recording, input_ids, positions, kv_caches, meta) -> torch.Tensor:
+    def run_head(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches, meta, greedy: bool,
+                 forward_logits):
+        """``(logits, tokens)`` of a decode-only step with the LM head (and for ``greedy`` rows
+        the argmax, else ``tokens`` None) in the step program, or None where the LM head has no
+        kernel call here or a kernel refused (the caller takes the forward and its LM head).
+        Both are the recording's buffers, rewritten by the next step of as many rows: read
+        them (or copy) before it. ``forward_logits``: the forward's logits, the first replay's
+        check."""
+        b = input_ids.shape[0]
+        rec = self._recording(b)
+        if rec.head is None:
+            return None
+        kind = TOKENS if greedy else LOGITS
+        if not self._replayed(rec, input_ids, positions, kv_caches, meta, kind):
+            return None
+        logits, tokens = rec.head[2], rec.head[3] if greedy else None
+        if (b, kind) not in self._checked_kinds:
+            expected = forward_logits()
+            picked = greedy_argmax(expected) if greedy else None
+            self._check_against(b, kind, torch.equal(logits, expected) and (not greedy or torch.equal(tokens, picked)))
+            return expected, picked
+        return logits, tokens
+
+    def _check_against(self, b: int, kind: str, same: bool) -> None:
+        if not same:
+            log.warning("CPU decode replay (%s) differs from the forward at %d rows: decode steps take the forward",
+                        kind, b)
+            self.enabled = False
+        self._checked_kinds.add((b, kind))
+        self._checked.add(b)
+
+    def _replayed(self, rec: _Recording, input_ids, positions, kv_caches, meta, kind: str,
+                  out: torch.Tensor | None = None) -> bool:
+        """Runs the step program ending as ``kind`` says (HIDDEN: into ``out``); False, the
+        replay off for good, where a kernel refused."""
+        try:
+            self._replay(rec, input_ids, positions, kv_caches, meta, kind, out)
+            return True
+        except ReplayRefused as e:
+            log.warning("CPU decode replay refused by a kernel (rc %s): decode steps take the forward", e)
+            self.enabled = False
+            return False
+
+    def _replay(self, rec: _Recording, input_ids, positions, kv_caches, meta, kind: str, out) -> None:
         kernels = self.kernels
         kernels.sync()
         for lib in self.libs:
@@ -266,13 +343,11 @@ class DecodeReplay:
             rec.residual.copy_(self.model.embed(input_ids))
         rec.lens.copy_(meta.seq_lens)
         tables = meta.block_tables
-        out = torch.empty_like(rec.x)  # a fresh tensor: the caller may keep it past the next step
-        steps = rec.steps_for(kv_caches)
+        steps = rec.steps_for(kv_caches, kind)
         params = steps.params
         params[TABLES], params[TABLE_STRIDE] = tables.data_ptr(), tables.stride(0)
         params[SCRATCH] = rec.scratch_for(meta.max_seq_len, kernels.lib.threads)
         params[IDS], params[POSITIONS] = input_ids.data_ptr(), positions.data_ptr()
-        params[SLOTS], params[OUT] = meta.slot_mapping.data_ptr(), out.data_ptr()
+        params[SLOTS], params[OUT] = meta.slot_mapping.data_ptr(), 0 if out is None else out.data_ptr()
         _check(steps.run()[0])
-        return out
 

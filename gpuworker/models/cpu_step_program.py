@@ -35,8 +35,9 @@ _SHAPES = {
     ((_p, _i, _c, _i, _i, _p, _p, _p), None): 6,
     ((_c, _p, _p, _p, _i, _i, _p, _i, _p, _i, _c), _c): 7,
     ((_c, _p, _i, _i, _p, _i, _p, _c), _c): 8,
+    ((_p, _i, _i, _i, _p), _c): 9,
 }
-_KV_STORE, _GATHER = 9, 10  # the ops with no kernel
+_KV_STORE, _GATHER = 10, 11  # the ops with no kernel
 
 
 class StepOp(ctypes.Structure):

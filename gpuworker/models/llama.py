@@ -290,6 +290,20 @@ class LlamaForCausalLM(nn.Module):
                               lambda: self.layers_forward(input_ids, positions, kv_caches, meta))
         return self.layers_forward(input_ids, positions, kv_caches, meta, keep_rows)
 
+    @torch.inference_mode()
+    def replayed_head(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[KVCache],
+                      meta: AttentionMetadata, greedy: bool):
+        """A decode-only step's ``(logits, greedy tokens or None)`` from one step program, the LM
+        head (and the argmax) included (cpu_decode_replay.DecodeReplay.run_head: buffers valid
+        until the next step), or None where the replay does not cover it: then ``forward`` and
+        ``lm_logits``."""
+        replay = self.decode_replay
+        if replay is None or len(kv_caches) != len(self.layers) or not replay.applies(input_ids, positions,
+                                                                                        kv_caches, meta):
+            return None
+        return replay.run_head(input_ids, positions, kv_caches, meta, greedy,
+                               lambda: self.lm_logits(self.layers_forward(input_ids, positions, kv_caches, meta)))
+
     def layers_forward(self, input_ids, positions, kv_caches, meta, keep_rows=None) -> torch.Tensor:
         """``forward`` layer by layer, op by op."""
         hidden = self.embed(input_ids)

@@ -29,6 +29,7 @@ enum {
     SHAPE_QUANT_X,      /* (p, i64, int, i64, i64, p, p, p) -> void: x's int8 blocks */
     SHAPE_QUANT_LINEAR, /* (int, p, p, p, i64, i64, p, i64, p, i64, int) -> int: GGUF blocks */
     SHAPE_QUANT_ROWS,   /* (int, p, i64, i64, p, i64, p, int) -> int: rows of GGUF blocks (embedding) */
+    SHAPE_ARGMAX,       /* (p, i64, i64, i64, p) -> int: greedy_argmax.c's argmax_rows */
     SHAPE_KV_STORE,     /* no kernel: rows a[7] of k (a[2], stride a[3]) and v (a[4], stride a[5])
                            to key/value cache slots (a[0], a[1]), slot numbers at a[8], a[6] bytes */
     SHAPE_GATHER,       /* no kernel: a[4] rows of a[2] bytes to a[0] from rows idx[r] of a[1], the
@@ -84,6 +85,8 @@ static int call(const step_op *op, const I *a) {
     case SHAPE_QUANT_ROWS:
         return ((int (*)(int, P, I, I, P, I, P, int))op->fn)((int)a[0], (P)a[1], a[2], a[3], (P)a[4], a[5], (P)a[6],
                                                              (int)a[7]);
+    case SHAPE_ARGMAX:
+        return ((int (*)(P, I, I, I, P))op->fn)((P)a[0], a[1], a[2], a[3], (P)a[4]);
     case SHAPE_KV_STORE:
         return kv_store(a);
     case SHAPE_GATHER:

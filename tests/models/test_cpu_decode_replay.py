@@ -12,7 +12,7 @@ import torch
 
 from inferq.gpuworker import LLM
 from inferq.gpuworker.attention.cpu_kernels import load as load_cpu_kernels
-from inferq.gpuworker.models import cpu_linear, cpu_step_program
+from inferq.gpuworker.models import cpu_decode_replay, cpu_linear, cpu_step_program
 from inferq.schemas import SamplingParams
 from tests.tiny_models import save_tiny_model
 
@@ -53,8 +53,14 @@ def _assert_replay_gives_the_forwards_tokens(llm: LLM):
     assert got == expected
     assert replay.enabled, "the replay's first-step check found a difference from the forward"
     assert {1, 2, 3} <= replay._checked, f"replayed row counts {sorted(replay._checked)}"
+    kinds = set()
     for b, rec in replay._recordings.items():
-        assert isinstance(rec.steps[1], cpu_step_program.StepProgram), f"{b} rows: no step program"
+        for kind, steps in rec.steps[1].items():
+            assert isinstance(steps, cpu_step_program.StepProgram), f"{b} rows, {kind}: no step program"
+            kinds.add(kind)
+    # the runner's decode steps end in the program: greedy batches with their tokens, the batches
+    # with a sampled request with their logits
+    assert {cpu_decode_replay.TOKENS, cpu_decode_replay.LOGITS} <= kinds, kinds
     return replay
 
 
@@ -68,7 +74,8 @@ def test_python_loop_gives_the_step_programs_tokens(tiny_folder, monkeypatch):
     monkeypatch.setattr(cpu_step_program, "load", lambda: None)
     assert _run(llm, replay) == with_program == _run(llm, None)
     assert replay.enabled and {1, 2, 3} <= replay._checked
-    assert all(isinstance(rec.steps[1], cpu_step_program.PythonSteps) for rec in replay._recordings.values())
+    assert all(isinstance(steps, cpu_step_program.PythonSteps)
+               for rec in replay._recordings.values() for steps in rec.steps[1].values())
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -85,13 +92,19 @@ def test_replay_gives_the_forwards_tokens(tiny_folder, dtype):
     llm.engine.check_invariants()
 
 
-def test_replayed_step_equals_forward_bit_for_bit(tiny_folder):
-    """After the checked first step, later replays are compared here directly."""
+@pytest.mark.parametrize("ending", ["hidden", "logits", "tokens"])
+def test_replayed_step_equals_forward_bit_for_bit(tiny_folder, ending):
+    """After the checked first step, later replays are compared here directly: the hidden rows
+    (the runner's LM head off the program), or the program's logits and greedy tokens."""
+    from inferq.gpuworker.engine.sampler import greedy_argmax
+
     llm = _engine(tiny_folder, "float32")
     eng = llm.engine
     model = eng.model
     replay = model.decode_replay
-    eng.add_request("r", list(range(10, 30)), SamplingParams(max_tokens=12, temperature=0, ignore_eos=True))
+    temperature = 0.0 if ending != "logits" else 0.7
+    eng.add_request("r", list(range(10, 30)), SamplingParams(max_tokens=12, temperature=temperature, seed=3,
+                                                             ignore_eos=True))
     seen = []
 
     def forward(ids, positions, kv_caches, meta, keep_rows=None):
@@ -100,13 +113,25 @@ def test_replayed_step_equals_forward_bit_for_bit(tiny_folder):
             seen.append(torch.equal(got, model.layers_forward(ids, positions, kv_caches, meta)))
         return got
 
-    replay_forward = model.forward
-    model.forward = forward
+    def replayed_head(ids, positions, kv_caches, meta, greedy):
+        if ending == "hidden":
+            return None  # the runner takes forward() and the LM head from Python
+        assert greedy == (ending == "tokens")
+        checked = (1, ending) in replay._checked_kinds
+        got = replay_head(ids, positions, kv_caches, meta, greedy)
+        if got is not None and checked:
+            logits = model.lm_logits(model.layers_forward(ids, positions, kv_caches, meta))
+            seen.append(torch.equal(got[0], logits)
+                        and (got[1] is None if not greedy else torch.equal(got[1], greedy_argmax(logits))))
+        return got
+
+    replay_forward, replay_head = model.forward, model.replayed_head
+    model.forward, model.replayed_head = forward, replayed_head
     try:
         while eng.has_unfinished():
             eng.step()
     finally:
-        del model.forward
+        del model.forward, model.replayed_head
     assert len(seen) >= 8 and all(seen), seen
 
 
