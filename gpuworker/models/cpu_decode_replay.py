@@ -82,7 +82,7 @@ class _Recording:
     """Buffers and fixed kernel arguments of a ``b``-row decode step. ``instrument(fn, part)``,
     where given, wraps every op function (``inferq bench step-breakdown`` times them)."""
 
-    def __init__(self, model, b: int, instrument=None) -> None:
+    def __init__(self, model, b: int, instrument=None, head_out=None) -> None:
         cfg = model.config
         layer0 = model.layers[0]
         dt = model.dtype
@@ -142,7 +142,7 @@ class _Recording:
         self.final = (norm, (ptr(self.residual), ptr(self.down_out), ptr(model.norm), PerStep(OUT), b, h, eps))
         # the step's inputs: the embedding's rows (quantized tables; else model.embed from
         # Python) and the positions' cos/sin rows, read from the ids and positions themselves
-        self.head = self._head(model, norm, eps)
+        self.head = self._head(model, norm, eps, head_out)
         embed = _embed_call(model, b, self.residual)
         self.embed = None if embed is None else (wrap(embed[0], "other model ops"), embed[1])
         rot = model.rotary
@@ -150,16 +150,21 @@ class _Recording:
                                                        table.shape[0]))
                             for mine, table in ((self.cos, rot.cos), (self.sin, rot.sin))]
 
-    def _head(self, model, norm, eps):
-        """``(ops, logits, tokens)``: the final norm into a buffer of its own, the LM head into
-        ``logits`` and (for greedy rows) their argmax into ``tokens``, as kernel calls; None
-        where the LM head has no kernel call here (it runs from Python after the forward)."""
+    def _head(self, model, norm, eps, head_out):
+        """``(ops, argmax op, logits, tokens)``: the final norm into a buffer of its own, the LM
+        head into ``logits`` and (for greedy rows) their argmax into ``tokens``, as kernel calls;
+        None where the LM head has no kernel call here (it runs from Python after the forward).
+        ``head_out(n)``: the replay's logits [MAX_ROWS, n] and tokens [MAX_ROWS], shared by every
+        row count (a recording's logits of its own would hold MAX_ROWS x (MAX_ROWS + 1) / 2
+        rows of the vocabulary: 1 GB for a 128k-token float32 LM head)."""
         head, argmax = model.packed_lm_head, cpu_argmax.load()
-        if head is None or isinstance(head, torch.Tensor) or model.logits_cols is not None or argmax is None:
+        if (head is None or isinstance(head, torch.Tensor) or model.logits_cols is not None or argmax is None
+                or head_out is None):
             return None
         b, dt = self.b, model.dtype
         self.hidden = torch.empty_like(self.x)
-        logits, tokens = torch.empty(b, head.n, dtype=dt), torch.empty(b, dtype=torch.int64)
+        logits, tokens = head_out(head.n)
+        logits, tokens = logits[:b], tokens[:b]
         calls = self._linear(head, self.hidden, None, logits, part="LM head", from_python=False)
         if calls is None:
             return None
@@ -243,6 +248,7 @@ class DecodeReplay:
         self._recordings: dict[int, _Recording] = {}
         self._checked: set[int] = set()  # row counts checked against the forward, in any kind
         self._checked_kinds: set[tuple[int, str]] = set()
+        self._head_buffers = None  # see _head_out
 
     @staticmethod
     def supported(model) -> bool:
@@ -269,10 +275,18 @@ class DecodeReplay:
                 and len(meta.seq_lens_cpu) == b and meta.block_tables.dtype == torch.int32
                 and meta.block_tables.is_contiguous() and kv_caches[0][0].dtype == self.model.dtype)
 
+    def _head_out(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The logits [MAX_ROWS, n] (model dtype) and greedy tokens [MAX_ROWS] every recording
+        writes its first rows of (a step reads them before the next one runs)."""
+        if self._head_buffers is None:
+            self._head_buffers = (torch.empty(MAX_ROWS, n, dtype=self.model.dtype),
+                                  torch.empty(MAX_ROWS, dtype=torch.int64))
+        return self._head_buffers
+
     def _recording(self, b: int) -> _Recording:
         rec = self._recordings.get(b)
         if rec is None:
-            rec = self._recordings[b] = _Recording(self.model, b, self.instrument)
+            rec = self._recordings[b] = _Recording(self.model, b, self.instrument, self._head_out)
         return rec
 
     def run(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches, meta, forward):
@@ -295,8 +309,8 @@ class DecodeReplay:
         """``(logits, tokens)`` of a decode-only step with the LM head (and for ``greedy`` rows
         the argmax, else ``tokens`` None) in the step program, or None where the LM head has no
         kernel call here or a kernel refused (the caller takes the forward and its LM head).
-        Both are the recording's buffers, rewritten by the next step of as many rows: read
-        them (or copy) before it. ``forward_logits``: the forward's logits, the first replay's
+        Both are views of the replay's buffers (``_head_out``), rewritten by the next decode
+        step: read them (or copy) before it. ``forward_logits``: the forward's logits, the first replay's
         check."""
         b = input_ids.shape[0]
         rec = self._recording(b)

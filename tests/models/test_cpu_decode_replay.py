@@ -61,6 +61,9 @@ def _assert_replay_gives_the_forwards_tokens(llm: LLM):
     # the runner's decode steps end in the program: greedy batches with their tokens, the batches
     # with a sampled request with their logits
     assert {cpu_decode_replay.TOKENS, cpu_decode_replay.LOGITS} <= kinds, kinds
+    # one logits buffer for every row count (not one per recording)
+    shared = replay._head_buffers[0]
+    assert all(rec.head[2].data_ptr() == shared.data_ptr() for rec in replay._recordings.values())
     return replay
 
 
