@@ -34,7 +34,8 @@ def argmax_rows(logits: torch.Tensor) -> Optional[torch.Tensor]:
     """int64 ``[rows]``: each row's argmax, for a 2-D float32 / bfloat16 CPU tensor with unit
     column stride; None where the kernel does not apply (the caller keeps torch's)."""
     lib = load()
-    if lib is None or logits.dim() != 2 or logits.stride(-1) != 1 or logits.shape[1] < 1:
+    if (lib is None or logits.device.type != "cpu" or logits.dim() != 2 or logits.stride(-1) != 1
+            or logits.shape[1] < 1):
         return None
     fn = lib.fns.get(logits.dtype)
     if fn is None:

@@ -34,7 +34,6 @@ import logging
 import torch
 
 from inferq.gpuworker.engine import cpu_argmax
-from inferq.gpuworker.engine.sampler import greedy_argmax
 from inferq.gpuworker.models import cpu_step_program
 from inferq.gpuworker.models.cpu_linear import PackedGateUp, PackedWeight
 from inferq.kernels.cpu import loader
@@ -140,15 +139,16 @@ class _Recording:
             down_call = self._linear(down, self.act, layer.down_bias, self.down_out)
             self.layers.append((pre, qkv_call, post, mlp, o_call, down_call))
         self.final = (norm, (ptr(self.residual), ptr(self.down_out), ptr(model.norm), PerStep(OUT), b, h, eps))
+        self.head = self._head(model, norm, eps, head_out)
         # the step's inputs: the embedding's rows (quantized tables; else model.embed from
         # Python) and the positions' cos/sin rows, read from the ids and positions themselves
-        self.head = self._head(model, norm, eps, head_out)
         embed = _embed_call(model, b, self.residual)
         self.embed = None if embed is None else (wrap(embed[0], "other model ops"), embed[1])
         rot = model.rotary
         self.rotary_rows = [(cpu_step_program.gather, (ptr(mine), ptr(table), d * isz, PerStep(POSITIONS), b,
                                                        table.shape[0]))
                             for mine, table in ((self.cos, rot.cos), (self.sin, rot.sin))]
+        self.n_inputs = (self.embed is not None) + len(self.rotary_rows)  # the ops that read the step's inputs
 
     def _head(self, model, norm, eps, head_out):
         """``(ops, argmax op, logits, tokens)``: the final norm into a buffer of its own, the LM
@@ -241,8 +241,11 @@ class DecodeReplay:
     def __init__(self, model) -> None:
         self.model = model
         self.kernels = model.layers[0].cpu_kernels
-        self.libs = list({id(lib): lib for lib in (getattr(layer.packed[n], "lib", None) for layer in model.layers
-                                                  for n in ("qkv", "o", "gate_up", "down")) if lib is not None}.values())
+        # every library the step's kernels come from, its thread count synced before a step
+        weights = [layer.packed[n] for layer in model.layers for n in ("qkv", "o", "gate_up", "down")]
+        weights += [model.packed_lm_head, model.packed_embed]
+        libs = [getattr(w, "lib", None) for w in weights] + [cpu_argmax.load()]
+        self.libs = list({id(lib): lib for lib in libs if lib is not None}.values())
         self.enabled = True
         self.instrument = None  # see _Recording; forget() after setting it
         self._recordings: dict[int, _Recording] = {}
@@ -310,8 +313,8 @@ class DecodeReplay:
         the argmax, else ``tokens`` None) in the step program, or None where the LM head has no
         kernel call here or a kernel refused (the caller takes the forward and its LM head).
         Both are views of the replay's buffers (``_head_out``), rewritten by the next decode
-        step: read them (or copy) before it. ``forward_logits``: the forward's logits, the first replay's
-        check."""
+        step: read them (or copy) before it. ``forward_logits``: the forward's logits, the
+        first replay's check."""
         b = input_ids.shape[0]
         rec = self._recording(b)
         if rec.head is None:
@@ -322,7 +325,7 @@ class DecodeReplay:
         logits, tokens = rec.head[2], rec.head[3] if greedy else None
         if (b, kind) not in self._checked_kinds:
             expected = forward_logits()
-            picked = greedy_argmax(expected) if greedy else None
+            picked = expected.argmax(dim=-1) if greedy else None  # torch's, not the program's kernel
             self._check_against(b, kind, torch.equal(logits, expected) and (not greedy or torch.equal(tokens, picked)))
             return expected, picked
         return logits, tokens
@@ -363,5 +366,9 @@ class DecodeReplay:
         params[SCRATCH] = rec.scratch_for(meta.max_seq_len, kernels.lib.threads)
         params[IDS], params[POSITIONS] = input_ids.data_ptr(), positions.data_ptr()
         params[SLOTS], params[OUT] = meta.slot_mapping.data_ptr(), 0 if out is None else out.data_ptr()
-        _check(steps.run()[0])
+        rc, at = steps.run()
+        if rc and at < rec.n_inputs:  # an id past the embedding or a position past the rotary table
+            raise IndexError(f"decode step input out of range (rc {rc}): token ids must be < the vocabulary, "
+                             f"positions < {self.model.rotary.cos.shape[0]}")
+        _check(rc)
 

@@ -215,16 +215,17 @@ def merge_adjacent(segments: list) -> list:
     (gate and up) of one file type become one matmul call over one contiguous range of bytes, the
     hardware prefetch running on from one into the next. Each output row's sum is its own, so the
     results are the same bits."""
-    out: list = []
+    runs: list[list] = []
     for seg in segments:
-        prev = out[-1] if out else None
+        prev = runs[-1][-1] if runs else None
         if (isinstance(seg, QuantWeight) and isinstance(prev, QuantWeight) and prev.qtype == seg.qtype
                 and prev.layout == seg.layout == "rows"):
-            out[-1] = QuantWeight(torch.cat([prev.packed, seg.packed]), seg.qtype, seg.k,
-                                  f"{prev.name}+{seg.name}" if prev.name else seg.name)
+            runs[-1].append(seg)
         else:
-            out.append(seg)
-    return out
+            runs.append([seg])
+    return [run[0] if len(run) == 1 else  # one copy per run
+            QuantWeight(torch.cat([s.packed for s in run]), run[0].qtype, run[0].k, "+".join(s.name for s in run))
+            for run in runs]
 
 
 class QuantLinear:

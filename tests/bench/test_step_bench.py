@@ -49,3 +49,17 @@ def test_vllm_peer_script_imports_no_inferq():
     names = {a.name.split(".")[0] for n in top if isinstance(n, ast.Import) for a in n.names} | {
         (n.module or "").split(".")[0] for n in top if isinstance(n, ast.ImportFrom)}
     assert names <= {"__future__", "json", "os", "subprocess", "sys", "tempfile", "time"}, names
+
+
+def test_bench_step_host_only_runs_its_stand_in_model(tmp_path, capsys):
+    """``--host-only`` swaps the model for a stand-in with no decode replay: the runner's CPU
+    decode steps take its forward and LM head (the replay's head path is only for models that
+    have one)."""
+    from inferq.gpuworker.models.loader import bundled_model_path
+
+    out = tmp_path / "step.json"
+    rc = inferq(["bench", "offline", "--step", "--host-only", "--model", str(bundled_model_path()),
+                 "--batch-sizes", "1,2", "--prompt-len", "8", "--steps", "3", "--json", str(out)])
+    assert rc == 0
+    assert "HOST ONLY" in capsys.readouterr().out
+    assert [r["batch"] for r in json.loads(out.read_text())["results"]] == [1, 2]

@@ -167,3 +167,59 @@ def test_gguf_native_projections_replay_as_their_kernel_calls(monkeypatch):
         # first, the final norm last
         ops = rec.ops(rec.steps[0])
         assert rec.embed is not None and ops[0] is rec.embed and ops[1:3] == rec.rotary_rows and ops[-1] is rec.final
+
+
+def test_an_input_out_of_range_is_an_index_error_and_leaves_the_replay_on(monkeypatch):
+    """An id past the embedding (the quantized lookup in the program) or a position past the
+    rotary table fails the step with IndexError, as the forward's lookups do, and the replay
+    stays on for the steps after it."""
+    from inferq.gpuworker.models import quant_linear as ql
+    from inferq.gpuworker.models.loader import bundled_model_path
+
+    if ql.load() is None:
+        pytest.skip("the quantized CPU kernels do not build here (no C compiler or no AVX2)")
+    monkeypatch.setenv("INFERQ_GGUF_WEIGHTS", "native")
+    llm = _engine(bundled_model_path(), "float32")
+    model = llm.engine.model
+    replay = model.decode_replay
+    seen = []
+    real = model.replayed_head
+
+    def keep_inputs(ids, positions, kv_caches, meta, greedy):
+        seen.append((ids.clone(), positions.clone(), kv_caches, meta))
+        return real(ids, positions, kv_caches, meta, greedy)
+
+    monkeypatch.setattr(model, "replayed_head", keep_inputs)
+    llm.generate([[5, 6, 7]], SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
+    ids, positions, kv_caches, meta = seen[-1]
+    assert replay._recordings and replay.enabled
+    vocab, max_pos = model.packed_embed.n, model.rotary.cos.shape[0]
+    for bad_ids, bad_positions in ((torch.tensor([vocab]), positions), (ids, torch.tensor([max_pos]))):
+        with pytest.raises(IndexError):
+            real(bad_ids, bad_positions, kv_caches, meta, True)
+        assert replay.enabled
+    before = len(seen)
+    out = llm.generate([[5, 6, 7]], SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
+    assert len(seen) > before and len(out[0].token_ids) == 4 and replay.enabled
+
+
+def test_logprobs_and_penalties_through_the_replayed_head(tiny_folder):
+    """Requests that need the full logits (logprobs, penalties, logit bias) beside greedy ones:
+    the same tokens and logprobs with the replay on and off."""
+    llm = _engine(tiny_folder, "float32")
+    prompts = [[5 + i for i in range(n)] for n in (7, 12, 4)]
+    params = [SamplingParams(max_tokens=10, temperature=0, logprobs=3, ignore_eos=True),
+              SamplingParams(max_tokens=10, temperature=0, presence_penalty=0.5, frequency_penalty=0.3,
+                             logit_bias={7: 2.0}, ignore_eos=True),
+              SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)]
+    replay = llm.engine.model.decode_replay
+
+    def run(on):
+        llm.engine.model.decode_replay = replay if on else None
+        outs = llm.generate(prompts, params)
+        return [o.token_ids for o in outs], [o.logprobs for o in outs]
+
+    on = run(True)
+    assert on == run(False)
+    assert len(on[1][0]) == 10 and all(len(top) >= 3 for top in on[1][0])  # the logprobs came back
+    assert replay.enabled and any(kind == cpu_decode_replay.LOGITS for _, kind in replay._checked_kinds)
