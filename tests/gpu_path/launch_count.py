@@ -104,8 +104,15 @@ def count_steps(num_layers: int, folder: str, batch_invariant: bool = False) -> 
         return out
 
     runner.execute = counted
-    while engine.has_unfinished() and not {"mixed", "decode"} <= found.keys():
-        engine.step()
+    # the sampler as on a GPU: greedy rows take one argmax kernel (on CPU a C kernel, no aten op)
+    from inferq.gpuworker.engine import sampler
+
+    reads_are_free, sampler._reads_are_free = sampler._reads_are_free, lambda device: False
+    try:
+        while engine.has_unfinished() and not {"mixed", "decode"} <= found.keys():
+            engine.step()
+    finally:
+        sampler._reads_are_free = reads_are_free
     return found
 
 
