@@ -30,6 +30,7 @@ each call) the same list is called from Python.
 from __future__ import annotations
 
 import logging
+import threading
 
 import torch
 
@@ -138,8 +139,11 @@ class _Recording:
                         (ptr(self.gate_up_out), 2 * inter, inter, ptr(self.act), b))]
             down_call = self._linear(down, self.act, layer.down_bias, self.down_out)
             self.layers.append((pre, qkv_call, post, mlp, o_call, down_call))
-        self.final = (norm, (ptr(self.residual), ptr(self.down_out), ptr(model.norm), PerStep(OUT), b, h, eps))
-        self.head = self._head(model, norm, eps, head_out)
+        # the last layer's residual add + the final norm, into the given rows
+        self.final_norm = lambda out: (norm, (ptr(self.residual), ptr(self.down_out), ptr(model.norm), out, b, h,  # noqa: E731
+                                              eps))
+        self.final = self.final_norm(PerStep(OUT))
+        self.head = self._head(model, head_out)
         # the step's inputs: the embedding's rows (quantized tables; else model.embed from
         # Python) and the positions' cos/sin rows, read from the ids and positions themselves
         embed = _embed_call(model, b, self.residual)
@@ -150,7 +154,7 @@ class _Recording:
                             for mine, table in ((self.cos, rot.cos), (self.sin, rot.sin))]
         self.n_inputs = (self.embed is not None) + len(self.rotary_rows)  # the ops that read the step's inputs
 
-    def _head(self, model, norm, eps, head_out):
+    def _head(self, model, head_out):
         """``(ops, argmax op, logits, tokens)``: the final norm into a buffer of its own, the LM
         head into ``logits`` and (for greedy rows) their argmax into ``tokens``, as kernel calls;
         None where the LM head has no kernel call here (it runs from Python after the forward).
@@ -168,11 +172,8 @@ class _Recording:
         calls = self._linear(head, self.hidden, None, logits, part="LM head", from_python=False)
         if calls is None:
             return None
-        ptr = lambda t: t.data_ptr()  # noqa: E731
-        final = (norm, (ptr(self.residual), ptr(self.down_out), ptr(model.norm), ptr(self.hidden), b,
-                        self.hidden.shape[1], eps))
-        pick = (self.wrap(argmax.fns[dt], "sampler"), (ptr(logits), head.n, b, head.n, ptr(tokens)))
-        return [final, *calls], [pick], logits, tokens
+        pick = (self.wrap(argmax.fns[dt], "sampler"), (logits.data_ptr(), head.n, b, head.n, tokens.data_ptr()))
+        return [self.final_norm(self.hidden.data_ptr()), *calls], [pick], logits, tokens
 
     def _linear(self, w, x: torch.Tensor, bias, y: torch.Tensor, part: str = "linear", from_python: bool = True):
         """The calls of ``y = w(x, bias)`` on fixed buffers: PackedWeight._kernel's; a quantized
@@ -252,6 +253,7 @@ class DecodeReplay:
         self._checked: set[int] = set()  # row counts checked against the forward, in any kind
         self._checked_kinds: set[tuple[int, str]] = set()
         self._head_buffers = None  # see _head_out
+        self._synced = None  # (thread count, thread) the libraries were last synced for
 
     @staticmethod
     def supported(model) -> bool:
@@ -350,12 +352,21 @@ class DecodeReplay:
             self.enabled = False
             return False
 
+    def _sync_threads(self) -> None:
+        """Every library of the step at torch's thread count, its team pinned for this thread:
+        done again only when the count or the calling thread changes (a step's Python runs with
+        cold caches, where each sync costs microseconds)."""
+        key = (torch.get_num_threads(), threading.get_ident())
+        if key != self._synced:
+            self.kernels.sync()
+            for lib in self.libs:
+                if hasattr(lib, "threads"):
+                    loader.sync_threads(lib)
+            self._synced = key
+
     def _replay(self, rec: _Recording, input_ids, positions, kv_caches, meta, kind: str, out) -> None:
         kernels = self.kernels
-        kernels.sync()
-        for lib in self.libs:
-            if hasattr(lib, "threads"):
-                loader.sync_threads(lib)
+        self._sync_threads()
         if rec.embed is None:
             rec.residual.copy_(self.model.embed(input_ids))
         rec.lens.copy_(meta.seq_lens)
