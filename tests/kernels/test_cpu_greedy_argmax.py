@@ -88,6 +88,7 @@ def test_greedy_argmax_takes_the_kernel_and_keeps_torch_for_the_rest():
     from inferq.gpuworker.engine.sampler import greedy_argmax
 
     if cpu_argmax.load() is None:
+        assert loader.compiler() is None, "a C compiler is on PATH but greedy_argmax.c did not build"
         pytest.skip("no C compiler on this machine: greedy sampling keeps torch's argmax")
     x = _hard_rows(4096, torch.float32, 11)
     assert cpu_argmax.argmax_rows(x) is not None

@@ -13,6 +13,7 @@ import torch
 from inferq.gpuworker import LLM
 from inferq.gpuworker.attention.cpu_kernels import load as load_cpu_kernels
 from inferq.gpuworker.models import cpu_decode_replay, cpu_linear, cpu_step_program
+from inferq.kernels.cpu import loader
 from inferq.schemas import SamplingParams
 from tests.tiny_models import save_tiny_model
 
@@ -155,6 +156,8 @@ def test_gguf_native_projections_replay_as_their_kernel_calls(monkeypatch):
     from inferq.gpuworker.models.loader import bundled_model_path
 
     if ql.load() is None:
+        assert loader.compiler() is None or not loader.cpu_has("avx2", "fma", "f16c"), \
+            "a C compiler and AVX2 are here but the quantized kernels did not build"
         pytest.skip("the quantized CPU kernels do not build here (no C compiler or no AVX2)")
     monkeypatch.setenv("INFERQ_GGUF_WEIGHTS", "native")
     monkeypatch.setenv("INFERQ_GGUF_ACTIVATIONS", "int8")
@@ -177,6 +180,8 @@ def test_an_input_out_of_range_is_an_index_error_and_leaves_the_replay_on(monkey
     from inferq.gpuworker.models.loader import bundled_model_path
 
     if ql.load() is None:
+        assert loader.compiler() is None or not loader.cpu_has("avx2", "fma", "f16c"), \
+            "a C compiler and AVX2 are here but the quantized kernels did not build"
         pytest.skip("the quantized CPU kernels do not build here (no C compiler or no AVX2)")
     monkeypatch.setenv("INFERQ_GGUF_WEIGHTS", "native")
     llm = _engine(bundled_model_path(), "float32")
