@@ -1,6 +1,6 @@
 """Greedy argmax of CPU logits in C (inferq_kernels/cpu/greedy_argmax.c): one vectorised pass for
 each row's maximum, one for its first position. torch's argmax reduces element by element,
-~45-85 us a row on a 49,152-token vocabulary; this is 6-10 us. Same answers as
+tens of microseconds a row on a 49,152-token vocabulary. Same answers as
 ``torch.argmax``, ties and NaN included."""
 from __future__ import annotations
 
