@@ -155,6 +155,27 @@ def test_rows_kernel_equals_decode_rows_bit_for_bit(build, threads, dtype, hq, h
                 assert torch.equal(got, torch.cat(want)), (tile, nthreads, chunks)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("hq,hkv,d,bs", [(9, 3, 64, 16), (8, 2, 128, 16), (4, 4, 64, 16), (6, 2, 80, 16),
+                                         (4, 1, 32, 32)])
+def test_decode_rows_are_the_same_bits_however_the_threads_split_them(build, threads, dtype, hq, hkv, d, bs):
+    """Decode rows of 1 to 8 sequences at 1 to 4 threads: with fewer sequences than 4 per thread
+    the kernel deals single kv heads to the threads, with more whole sequences; every row must be
+    the bits it gets from one thread doing whole sequences."""
+    lens = [150, 61, 33, 1, 97, 16, 17, 200]
+    kc, vc, tables = _cache(lens, hkv, d, dtype, bs, seed=7 * hq + d)
+    q = torch.randn(len(lens), hq, d, generator=torch.Generator().manual_seed(2)).to(dtype)
+    kernel = build
+    for nseq in (1, 2, 3, 5, 8):
+        threads(1)
+        want = _decode(kernel, q[:nseq], kc, vc, tables, list(range(nseq)), lens[:nseq], hq, hkv, d, bs, d**-0.5)
+        assert not want.float().isnan().any()
+        for nthreads in (2, 3, 4):
+            threads(nthreads)
+            got = _decode(kernel, q[:nseq], kc, vc, tables, list(range(nseq)), lens[:nseq], hq, hkv, d, bs, d**-0.5)
+            assert torch.equal(got, want), (nseq, nthreads)
+
+
 def _meta(chunks, tables_list, bs):
     """AttentionMetadata for (context, q_len) chunks, their sequences' block tables given."""
     slots, pos, qsl, seq_lens, ctx = [], [], [0], [], []
