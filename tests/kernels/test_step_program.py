@@ -11,7 +11,7 @@ import torch
 
 from inferq.gpuworker.attention import cpu_kernels
 from inferq.gpuworker.models import cpu_step_program
-from inferq.kernels.cpu import loader
+from tests import quant_kernels
 
 pytestmark = pytest.mark.skipif(cpu_step_program.load() is None or cpu_kernels.load() is None,
                                 reason="no C compiler here: the CPU kernels do not build")
@@ -134,11 +134,7 @@ def test_quantized_rows_run_as_an_op_with_the_ids_read_at_each_run(runner):
     from inferq.kernels.cpu import quant_reference as ref
     from tests.kernels.test_gguf_quant import random_packed
 
-    lib = ql.load()
-    if lib is None:
-        assert loader.compiler() is None or not loader.cpu_has("avx2", "fma", "f16c"), \
-            "a C compiler and AVX2 are here but the quantized kernels did not build"
-        pytest.skip("the quantized CPU kernels do not build here (no C compiler or no AVX2)")
+    lib = quant_kernels.require()
     packed = random_packed("Q4_1", 40, 64, seed=1)
     weight = ql.QuantLinear(lib, [ql.QuantWeight(packed, ref.SUPPORTED["Q4_1"], 64)], torch.float32).segments[0]
     out = torch.zeros(2, 64)

@@ -13,8 +13,8 @@ import torch
 from inferq.gpuworker import LLM
 from inferq.gpuworker.attention.cpu_kernels import load as load_cpu_kernels
 from inferq.gpuworker.models import cpu_decode_replay, cpu_linear, cpu_step_program
-from inferq.kernels.cpu import loader
 from inferq.schemas import SamplingParams
+from tests import quant_kernels
 from tests.tiny_models import save_tiny_model
 
 pytestmark = pytest.mark.skipif(load_cpu_kernels() is None, reason="the CPU C kernels do not build here")
@@ -152,13 +152,9 @@ def test_gguf_native_projections_replay_as_their_kernel_calls(monkeypatch):
     the tokens are the forward's at 1 to 3 rows, the replay's first-step checks passing; the
     embedding lookup, the cos/sin rows and the final norm are ops of the step program too."""
     from inferq.gpuworker.models import cpu_decode_replay
-    from inferq.gpuworker.models import quant_linear as ql
     from inferq.gpuworker.models.loader import bundled_model_path
 
-    if ql.load() is None:
-        assert loader.compiler() is None or not loader.cpu_has("avx2", "fma", "f16c"), \
-            "a C compiler and AVX2 are here but the quantized kernels did not build"
-        pytest.skip("the quantized CPU kernels do not build here (no C compiler or no AVX2)")
+    quant_kernels.require()
     monkeypatch.setenv("INFERQ_GGUF_WEIGHTS", "native")
     monkeypatch.setenv("INFERQ_GGUF_ACTIVATIONS", "int8")
     replay = _assert_replay_gives_the_forwards_tokens(_engine(bundled_model_path(), "float32"))
@@ -176,13 +172,9 @@ def test_an_input_out_of_range_is_an_index_error_and_leaves_the_replay_on(monkey
     """An id past the embedding (the quantized lookup in the program) or a position past the
     rotary table fails the step with IndexError, as the forward's lookups do, and the replay
     stays on for the steps after it."""
-    from inferq.gpuworker.models import quant_linear as ql
     from inferq.gpuworker.models.loader import bundled_model_path
 
-    if ql.load() is None:
-        assert loader.compiler() is None or not loader.cpu_has("avx2", "fma", "f16c"), \
-            "a C compiler and AVX2 are here but the quantized kernels did not build"
-        pytest.skip("the quantized CPU kernels do not build here (no C compiler or no AVX2)")
+    quant_kernels.require()
     monkeypatch.setenv("INFERQ_GGUF_WEIGHTS", "native")
     llm = _engine(bundled_model_path(), "float32")
     model = llm.engine.model

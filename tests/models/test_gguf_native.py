@@ -26,10 +26,11 @@ from inferq.gpuworker.models.llama import LlamaForCausalLM
 from inferq.gpuworker.models.loader import bundled_model_path, load_model
 from inferq.gpuworker.models.weight_memory import held_bytes
 from inferq.kernels.cpu import quant_reference as ref
+from tests import quant_kernels
 from tests.kernels.test_gguf_quant import random_packed
 from tests.models.paged import PagedDriver
 
-pytestmark = pytest.mark.skipif(ql.load() is None, reason="the quantized CPU kernels do not build here (no C compiler or no AVX2)")
+pytestmark = pytest.mark.skipif(not quant_kernels.available(), reason=quant_kernels.MISSING)
 
 PROMPTS = ["<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n",
            "def fibonacci(n):\n    if n < 2:\n        return n\n    return"]

@@ -22,14 +22,14 @@ from inferq.gpuworker.models import quant_linear as ql
 from inferq.gpuworker.models.weight_memory import held_bytes
 from inferq.kernels.weight_only_matmul import dequantize_weight, quantize_weight
 from inferq.schemas import SamplingParams
+from tests import quant_kernels
 from tests.kernels.conftest import DEVICE
 from tests.tiny_models import save_tiny_model
 
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 PARAMS = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, logprobs=3, logprobs_mode="raw_logits")
 PROMPTS = [[5, 400, 17, 242, 33], [12, 7, 7, 300, 200, 31, 8, 99, 100]]  # ids < 512: the Triton test's vocabulary
-cpu_kernels = pytest.mark.skipif(ql.load() is None, reason="the quantized CPU kernels do not build here "
-                                                           "(no C compiler or no AVX2)")
+cpu_kernels = pytest.mark.skipif(not quant_kernels.available(), reason=quant_kernels.MISSING)
 
 
 def _ggml_roundtrip(w: torch.Tensor, type_name: str) -> torch.Tensor:
