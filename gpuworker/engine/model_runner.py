@@ -319,10 +319,11 @@ class ModelRunner:
         kept = False  # hidden holds the sampling rows only
         greedy = all(r.plain_greedy for r in reqs)
         head = None  # (logits, greedy tokens or None) of a decode step replayed on the CPU with its LM head
-        replayed_head = getattr(self.model, "replayed_head", None)  # a model without a decode replay: None
-        if (replayed_head is not None and self.device.type == "cpu" and rows_idx is not None
-                and rows_idx.numel() == ids.shape[0] and not prompt_logprobs and not pooling and not speculating):
-            head = replayed_head(ids, positions, self.kv_caches, meta, greedy)
+        if (self.device.type == "cpu" and rows_idx is not None and rows_idx.numel() == ids.shape[0]
+                and not prompt_logprobs and not pooling and not speculating):
+            replayed_head = getattr(self.model, "replayed_head", None)  # a model without a decode replay: None
+            if replayed_head is not None:
+                head = replayed_head(ids, positions, self.kv_caches, meta, greedy)
         if head is not None:
             hidden = None
         elif self.graphs is not None and self.graphs.can_run(meta):
