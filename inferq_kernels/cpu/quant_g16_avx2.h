@@ -7,9 +7,11 @@
    them. Q8_0 (stored as w + 128, too wide for vpmaddubsw's signed pairs) takes |w| against
    sign(x, w) as the row kernel does, and no offset. In registers at every row count (2 rows of
    x per unpacking): each output is one lane's sum over k in block order, whatever m or thread.
-   The weights are one sequential stream, fetched PF_AHEAD bytes ahead of the record in use: on
-   a Zen 1 the hardware prefetcher alone left the kernel waiting on memory half the time (Q4_1
-   at 5 GB/s of the 13.6 GB/s one core streams; with the prefetches 10 GB/s, as fast as from L3). */
+   With one pass of x's rows over the weights (1 or 2 rows: decode) they are one sequential
+   stream, fetched PF_AHEAD bytes ahead of the record in use: on a Zen 1 the hardware prefetcher
+   alone left the kernel waiting on memory half the time (Q4_1 at 5 GB/s of the 13.6 GB/s one
+   core streams; with the prefetches 10 GB/s, as fast as from L3). With more passes
+   prefetch_share fetches the next group instead. */
 #define HAVE_REPACK16 1
 #define PF_AHEAD 2048
 /* Lines [p + PF_AHEAD, p + PF_AHEAD + bytes) into L1 (past the weights' end too: a prefetch
@@ -72,15 +74,14 @@ static inline __m256 h8_u8(const uint8_t *p, int sgn) {
     return _mm256_cvtepi32_ps(sgn ? _mm256_cvtepi8_epi32(b) : _mm256_cvtepu8_epi32(b));
 }
 
-/* One group of 16 weight rows x rm rows of x: out[2 * i + h] lane r = y[i][row 8h + r]. */
+/* One group of 16 weight rows x rm rows of x (pf: fetch the weights ahead): acc[2 * i + h] lane r = y[i][row 8h + r]. */
 static inline __attribute__((always_inline)) void h8_tile(const int T, const int rm, const uint8_t *wp, int64_t nb,
-        const int8_t *xq, int64_t k, const float *xd, const float *xs, __m256 *out) {
+        const int8_t *xq, int64_t k, const float *xd, const float *xs, __m256 *acc, int pf) {
     const int rb = rec16_bytes(T);
-    __m256 acc[2 * RM16]; /* in registers: __m256 may alias, so stores through out would follow every update */
     for (int i = 0; i < 2 * rm; ++i) acc[i] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; ++b) {
         const uint8_t *rec = wp + b * rb;
-        prefetch_ahead(rec, rb);
+        if (pf) prefetch_ahead(rec, rb);
         for (int h = 0; h < 2; ++h) {
             const __m256 d = h8_f16(rec + 16 * h);
             __m256i dot[RM16];
@@ -118,21 +119,19 @@ static inline __attribute__((always_inline)) void h8_tile(const int T, const int
             }
         }
     }
-    for (int i = 0; i < 2 * rm; ++i) out[i] = acc[i];
 }
 
 /* The same for a K-quant group (nb: k / 32; records per super-block of 256). Q4_K / Q5_K: one
    scale and one min per sub-block; Q6_K: a scale per half sub-block and its -32 per half. */
 static inline __attribute__((always_inline)) void h8k_tile(const int T, const int rm, const uint8_t *wp, int64_t nb,
-        const int8_t *xq, int64_t k, const float *xd, const float *xs, __m256 *out) {
+        const int8_t *xq, int64_t k, const float *xd, const float *xs, __m256 *acc, int pf) {
     const int rb = rec16_bytes(T), sbytes = k16_sub_bytes(T);
-    __m256 acc[2 * RM16]; /* in registers: __m256 may alias, so stores through out would follow every update */
     for (int i = 0; i < 2 * rm; ++i) acc[i] = _mm256_setzero_ps();
     for (int64_t s = 0; s < nb / 8; ++s) {
         const uint8_t *rec = wp + s * rb;
         for (int j = 0; j < 8; ++j) {
             const uint8_t *sub = rec + 64 + j * sbytes;
-            prefetch_ahead(sub, sbytes);
+            if (pf) prefetch_ahead(sub, sbytes);
             const int64_t xb = s * 8 + j;
             for (int h = 0; h < 2; ++h) {
                 /* float32 scales as the row kernel has them: d * sc and -(dmin * m); Q6_K d * sc per half */
@@ -179,13 +178,12 @@ static inline __attribute__((always_inline)) void h8k_tile(const int T, const in
             }
         }
     }
-    for (int i = 0; i < 2 * rm; ++i) out[i] = acc[i];
 }
 
-typedef void (*h8_fn)(const uint8_t *, int64_t, const int8_t *, int64_t, const float *, const float *, __m256 *);
+typedef void (*h8_fn)(const uint8_t *, int64_t, const int8_t *, int64_t, const float *, const float *, __m256 *, int);
 #define H8FN(T, M) static void h8_##T##_##M(const uint8_t *wp, int64_t nb, const int8_t *xq, int64_t k, \
-    const float *xd, const float *xs, __m256 *acc) { \
-    if (k16_sub_bytes(T)) h8k_tile(T, M, wp, nb, xq, k, xd, xs, acc); else h8_tile(T, M, wp, nb, xq, k, xd, xs, acc); }
+    const float *xd, const float *xs, __m256 *acc, int pf) { \
+    if (k16_sub_bytes(T)) h8k_tile(T, M, wp, nb, xq, k, xd, xs, acc, pf); else h8_tile(T, M, wp, nb, xq, k, xd, xs, acc, pf); }
 #define H8TYPE(T) H8FN(T, 1) H8FN(T, 2) static const h8_fn H8_##T[RM16 + 1] = {0, h8_##T##_1, h8_##T##_2};
 H8TYPE(GGML_Q4_0) H8TYPE(GGML_Q4_1) H8TYPE(GGML_Q5_0) H8TYPE(GGML_Q5_1) H8TYPE(GGML_Q8_0)
 H8TYPE(GGML_Q4_K) H8TYPE(GGML_Q5_K) H8TYPE(GGML_Q6_K)
@@ -222,7 +220,7 @@ int quant_linear16(int type, const int8_t *xq, const float *xd, const float *xs,
                 const int rm = (int)(m1 - i0 < RM16 ? m1 - i0 : RM16);
                 if (passes > 1) prefetch_share(wp + (g + 1) * rec_group, rec_group, pass, passes); /* the next group */
                 __m256 acc[2 * RM16];
-                tile[rm](wp + g * rec_group, nb, xq + i0 * k, k, xd + i0 * nb, xs + i0 * nb * 4, acc);
+                tile[rm](wp + g * rec_group, nb, xq + i0 * k, k, xd + i0 * nb, xs + i0 * nb * 4, acc, passes == 1);
                 for (int i = 0; i < rm; ++i) {
                     float out[G16];
                     _mm256_storeu_ps(out, acc[2 * i]);
