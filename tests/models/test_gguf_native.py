@@ -30,7 +30,7 @@ from tests import quant_kernels
 from tests.kernels.test_gguf_quant import random_packed
 from tests.models.paged import PagedDriver
 
-pytestmark = pytest.mark.skipif(not quant_kernels.available(), reason=quant_kernels.MISSING)
+pytestmark = quant_kernels.needed()
 
 PROMPTS = ["<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n",
            "def fibonacci(n):\n    if n < 2:\n        return n\n    return"]

@@ -29,7 +29,7 @@ from tests.tiny_models import save_tiny_model
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 PARAMS = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, logprobs=3, logprobs_mode="raw_logits")
 PROMPTS = [[5, 400, 17, 242, 33], [12, 7, 7, 300, 200, 31, 8, 99, 100]]  # ids < 512: the Triton test's vocabulary
-cpu_kernels = pytest.mark.skipif(not quant_kernels.available(), reason=quant_kernels.MISSING)
+cpu_kernels = quant_kernels.needed()
 
 
 def _ggml_roundtrip(w: torch.Tensor, type_name: str) -> torch.Tensor:
