@@ -16,7 +16,11 @@ manner of vLLM V1's persistent batch and nano-vllm's pinned buffers:
   the copy runs whenever the GPU gets to it, and a step without sampling never
   waits for the GPU, so the next step must not rewrite the buffer that copy reads;
 * the only device->host transfer of a step is the sampled token ids (plus
-  logprobs when a request asks for them), done by the sampler.
+  logprobs when a request asks for them), done by the sampler;
+* on the CPU, a decode-only step of a row count the decode replay has checked
+  skips all of the above: its inputs go as Python ints straight into the replay's
+  buffers (``_direct_inputs``), with no numpy or torch call, which costs ~10-25 us
+  each on a core whose caches the weights have just streamed through.
 
 ``num_device_syncs`` counts the blocking device->host transfers the runner and
 sampler make (the sampler's ``.tolist()``), for ``inferq bench step``.
@@ -38,6 +42,7 @@ from inferq.gpuworker.engine.prompt_logprobs import collect_prompt_logprobs
 from inferq.gpuworker.engine.sampler import Sampler, SamplingRow, greedy_argmax
 from inferq.gpuworker.engine.scheduler import SchedulerOutput
 from inferq.gpuworker.engine.speculative.verify import expand_rows, row_generator, split_rows
+from inferq.gpuworker.models.cpu_decode_replay import LOGITS, MAX_ROWS, TOKENS
 
 
 @dataclass
@@ -197,6 +202,8 @@ class ModelRunner:
         self.shaper: Optional[LogitsShaper] = None  # made on the first request that shapes logits
         self.graphs = None  # DecodeGraphs on CUDA, set by the engine after capture
         self.tables = PersistentBlockTable(2 * max_num_seqs, -(-max_model_len // block_size))
+        self._table_width = -(-max_model_len // block_size)  # the CPU decode replay's block table rows
+        self._direct_decode = device.type == "cpu"  # decode steps may write the replay's inputs directly
         self.staging = StepStaging(device)
         self.num_device_syncs = 0
         self.last_times = StepTimes()
@@ -298,11 +305,78 @@ class ModelRunner:
         )
         return moved[i0:p0], moved[p0:s0], meta, (moved[r0:n64] if ns else None), sampling, qsl
 
+    def _direct_inputs(self, sched: SchedulerOutput, kv: KVCacheManager):
+        """A decode-only step of plain rows (one new token each, all sampling; no proposals,
+        logits shaping or prompt logprobs) whose row count the CPU decode replay has checked:
+        its inputs written straight into the replay's buffers (cpu_decode_replay.DecodeInputs)
+        as Python ints. This skips ``build_metadata`` and the replay's tensor checks: their ~25
+        numpy and torch calls cost ~0.3 ms a step on a core whose caches the weights just
+        streamed through. Returns ``(replay, inputs, kind, requests, greedy, longest sequence)``,
+        or None: the general path."""
+        replay = getattr(self.model, "decode_replay", None)
+        scheduled = sched.scheduled
+        b = len(scheduled)
+        if replay is None or b > MAX_ROWS:
+            return None
+        reqs, greedy = [], True
+        for s in scheduled:
+            req = s.request
+            if (s.num_new_tokens != 1 or not s.samples or s.num_spec or req.shapes_logits
+                    or req.prompt_logprobs is not None):
+                return None
+            greedy = greedy and req.plain_greedy
+            reqs.append(req)
+        kind = TOKENS if greedy else LOGITS
+        if not replay.ready(b, kind):
+            return None
+        inputs = replay.inputs(b, self._table_width)
+        ids, positions, slots, lens = inputs.ids_mv, inputs.positions_mv, inputs.slots_mv, inputs.lens_mv
+        live, bs, longest = kv.req_block_ids, self.block_size, 0
+        for i, s in enumerate(scheduled):
+            req, start = s.request, s.num_computed_before
+            blocks = live[req.request_id]
+            if not inputs.set_blocks(i, blocks):
+                return None
+            ids[i], positions[i] = req.all_token_ids[start], start
+            slots[i], lens[i] = blocks[start // bs] * bs + start % bs, start + 1
+            if start >= longest:
+                longest = start + 1
+        return replay, inputs, kind, reqs, greedy, longest
+
+    def _execute_direct(self, direct, times: StepTimes, t0: float) -> Optional[SampledTokens]:
+        """The step ``_direct_inputs`` prepared, or None where the replay refused it."""
+        replay, inputs, kind, reqs, greedy, longest = direct
+        t1 = time.perf_counter()
+        out = replay.run_inputs(inputs, kind, longest, self.kv_caches)
+        if out is None:
+            return None
+        logits, tokens = out
+        t2 = time.perf_counter()
+        if greedy:
+            lps: list = [None] * len(reqs)
+        else:
+            sampled = self.sampler(logits.float(), self._sampling_rows(reqs), owned=True)
+            tokens, lps = sampled.token_ids, sampled.logprobs
+        self.num_device_syncs += 1
+        times.prepare, times.forward, times.sample, times.syncs = t1 - t0, t2 - t1, time.perf_counter() - t2, 1
+        return SampledTokens(reqs, tokens, lps)
+
+    @staticmethod
+    def _sampling_rows(reqs: list) -> list[SamplingRow]:
+        """The sampler's rows of requests sampling one token each."""
+        return [SamplingRow(params=r.params, prompt_token_ids=r.prompt_token_ids, output_token_ids=r.output_token_ids,
+                            generator=row_generator(r, 0), penalty_tokens=r.penalty_tokens) for r in reqs]
+
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput, kv: KVCacheManager) -> SampledTokens:
         times = self.last_times = StepTimes()
         syncs_before = self.num_device_syncs
         t0 = time.perf_counter()
+        if self._direct_decode and not self.pooling_requests:
+            direct = self._direct_inputs(sched, kv)
+            done = None if direct is None else self._execute_direct(direct, times, t0)
+            if done is not None:
+                return done
         ids, positions, meta, rows_idx, sampling, qsl = self.build_metadata(sched, kv)
         scheduled = sched.scheduled
         reqs = [scheduled[i].request for i in sampling]
@@ -370,13 +444,7 @@ class ModelRunner:
                     for r, j in zip(row_reqs, row_offsets)
                 ]
             else:
-                rows = [
-                    SamplingRow(params=r.params, prompt_token_ids=r.prompt_token_ids,
-                                output_token_ids=r.output_token_ids,
-                                generator=row_generator(r, 0),
-                                penalty_tokens=r.penalty_tokens)
-                    for r in reqs
-                ]
+                rows = self._sampling_rows(reqs)
             out = self.sampler(logits.float(), rows, owned=True)  # fresh from the LM head, read once
             token_ids, lps = out.token_ids, out.logprobs
         self.num_device_syncs += 1

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from array import array
 
 import torch
 
@@ -100,9 +101,11 @@ class _Recording:
         self.cos, self.sin = e(b, d), e(b, d)
         self.rows = torch.arange(b, dtype=torch.int64)  # query row i is sequence i
         self.lens = torch.empty(b, dtype=torch.int64)
+        self.inputs: DecodeInputs | None = None  # made by DecodeReplay.inputs on the runner's first direct step
         self.buffers: list = []  # the projections' own buffers (x's int8 blocks)
         self.steps = None  # (the KV cache list they were made for, {kind: StepProgram or PythonSteps})
         self.scratch = torch.empty(0, dtype=torch.float32)
+        self._scratch_size, self._scratch_ptr = 0, 0  # its size and address as ints: read every step
         self.kv_row_bytes = hkv * d * isz
         ptr = lambda t: t.data_ptr()  # noqa: E731
         kernels = layer0.cpu_kernels
@@ -231,9 +234,53 @@ class _Recording:
     def scratch_for(self, max_len: int, threads: int) -> int:
         """The attention kernel's fp32 scratch (as the torch backend sizes it), grown as needed."""
         need = self.heads[0] * (max_len + 256) * max(1, threads)
-        if self.scratch.numel() < need:
-            self.scratch = torch.empty(max(need, 2 * self.scratch.numel(), 4096), dtype=torch.float32)
-        return self.scratch.data_ptr()
+        if self._scratch_size < need:
+            self._scratch_size = max(need, 2 * self._scratch_size, 4096)
+            self.scratch = torch.empty(self._scratch_size, dtype=torch.float32)
+            self._scratch_ptr = self.scratch.data_ptr()
+        return self._scratch_ptr
+
+
+class DecodeInputs:
+    """A ``b``-row decode step's integer inputs where its step program reads them, written by
+    the model runner item by item (``ModelRunner._replayed_decode``): token ids, positions, K/V
+    slots and sequence lengths (int64) and the block table (int32, rows ``width`` apart). A
+    step's Python runs with cold caches, where a numpy or torch call costs ~10-25 us and a
+    store through a memoryview well under one: so the runner's general input build (~20 such
+    calls) and the replay's tensor checks are skipped once a row count is checked.
+
+    Row ``i`` of the table is copied from the KV manager's block list only where that list is
+    another object than the one it was copied from (another request at this row) or grew: a
+    request's list only grows in place (a cut makes a new list), as ``PersistentBlockTable``
+    also relies on."""
+
+    def __init__(self, b: int, lens: torch.Tensor, width: int) -> None:
+        self.width = width
+        self.ids, self.positions, self.slots = (torch.zeros(b, dtype=torch.int64) for _ in range(3))
+        self.lens = lens  # the recording's: the attention kernel reads it
+        self.table = torch.zeros(b, width, dtype=torch.int32)
+        self.ids_mv, self.positions_mv, self.slots_mv, self.lens_mv = (
+            memoryview(t.numpy()) for t in (self.ids, self.positions, self.slots, self.lens))
+        self.table_mv = memoryview(self.table.numpy().reshape(-1))
+        self.pointers = (self.ids.data_ptr(), self.positions.data_ptr(), self.slots.data_ptr(), self.table.data_ptr())
+        self._src: list = [None] * b  # per row: the block list it was copied from (held: its id stays unique)
+        self._filled = [0] * b
+
+    def set_blocks(self, i: int, blocks: list[int]) -> bool:
+        """Row ``i``'s block table from ``blocks``; False where they do not fit its width."""
+        n = len(blocks)
+        same = self._src[i] is blocks
+        have = self._filled[i] if same else 0
+        if same and have == n:
+            return True  # most steps: no new block
+        if n > self.width:
+            return False
+        if n < have:  # shrank in place: copy it all again
+            have = 0
+        base = i * self.width
+        self.table_mv[base + have:base + n] = array("i", blocks[have:n])
+        self._src[i], self._filled[i] = blocks, n
+        return True
 
 
 class DecodeReplay:
@@ -253,6 +300,7 @@ class DecodeReplay:
         self._checked: set[int] = set()  # row counts checked against the forward, in any kind
         self._checked_kinds: set[tuple[int, str]] = set()
         self._head_buffers = None  # see _head_out
+        self._tokens_mv = None  # the greedy tokens' buffer, read as Python ints
         self._synced = None  # (thread count, thread) the libraries were last synced for
 
     @staticmethod
@@ -286,6 +334,7 @@ class DecodeReplay:
         if self._head_buffers is None:
             self._head_buffers = (torch.empty(MAX_ROWS, n, dtype=self.model.dtype),
                                   torch.empty(MAX_ROWS, dtype=torch.int64))
+            self._tokens_mv = memoryview(self._head_buffers[1].numpy())
         return self._head_buffers
 
     def _recording(self, b: int) -> _Recording:
@@ -365,18 +414,50 @@ class DecodeReplay:
             self._synced = key
 
     def _replay(self, rec: _Recording, input_ids, positions, kv_caches, meta, kind: str, out) -> None:
-        kernels = self.kernels
+        rec.lens.copy_(meta.seq_lens)
+        tables = meta.block_tables
+        self._run(rec, kv_caches, kind, input_ids, (input_ids.data_ptr(), positions.data_ptr(),
+                  meta.slot_mapping.data_ptr(), tables.data_ptr()), tables.stride(0), meta.max_seq_len,
+                  0 if out is None else out.data_ptr())
+
+    def ready(self, b: int, kind: str) -> bool:
+        """Whether a ``b``-row decode step ending as ``kind`` replays with nothing left to check:
+        then the runner may write its inputs straight into ``inputs(b, ...)`` and ``run_inputs``."""
+        return self.enabled and (b, kind) in self._checked_kinds and b in self._recordings
+
+    def inputs(self, b: int, width: int) -> DecodeInputs:
+        """The ``b``-row step's input buffers, block table rows ``width`` wide (``ready(b, kind)``)."""
+        rec = self._recordings[b]
+        if rec.inputs is None or rec.inputs.width != width:
+            rec.inputs = DecodeInputs(b, rec.lens, width)
+        return rec.inputs
+
+    def run_inputs(self, inputs: DecodeInputs, kind: str, max_len: int, kv_caches):
+        """``(logits, greedy tokens as a list or None)`` of the step whose inputs the runner wrote
+        into ``inputs`` (``max_len``: the longest sequence), as ``run_head`` gives them; None where
+        a kernel refused (the replay is then off: the caller takes the general path)."""
+        b = len(inputs.ids_mv)
+        rec = self._recordings[b]
+        try:
+            self._run(rec, kv_caches, kind, inputs.ids, inputs.pointers, inputs.width, max_len, 0)
+        except ReplayRefused as e:
+            log.warning("CPU decode replay refused by a kernel (rc %s): decode steps take the forward", e)
+            self.enabled = False
+            return None
+        return rec.head[2], (self._tokens_mv[:b].tolist() if kind == TOKENS else None)
+
+    def _run(self, rec: _Recording, kv_caches, kind: str, input_ids: torch.Tensor, pointers, table_stride: int,
+             max_len: int, out: int) -> None:
+        """The step program on inputs at ``pointers`` (ids, positions, slots, block table) and the
+        recording's ``lens``."""
         self._sync_threads()
         if rec.embed is None:
             rec.residual.copy_(self.model.embed(input_ids))
-        rec.lens.copy_(meta.seq_lens)
-        tables = meta.block_tables
         steps = rec.steps_for(kv_caches, kind)
         params = steps.params
-        params[TABLES], params[TABLE_STRIDE] = tables.data_ptr(), tables.stride(0)
-        params[SCRATCH] = rec.scratch_for(meta.max_seq_len, kernels.lib.threads)
-        params[IDS], params[POSITIONS] = input_ids.data_ptr(), positions.data_ptr()
-        params[SLOTS], params[OUT] = meta.slot_mapping.data_ptr(), 0 if out is None else out.data_ptr()
+        params[IDS], params[POSITIONS], params[SLOTS], params[TABLES] = pointers
+        params[TABLE_STRIDE], params[OUT] = table_stride, out
+        params[SCRATCH] = rec.scratch_for(max_len, self.kernels.lib.threads)
         rc, at = steps.run()
         if rc and at < rec.n_inputs:  # an id past the embedding or a position past the rotary table
             raise IndexError(f"decode step input out of range (rc {rc}): token ids must be < the vocabulary, "

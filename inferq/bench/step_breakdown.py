@@ -159,6 +159,9 @@ def traced(engine):
     tr.span(model, "forward", "forward")
     # a decode step with its LM head in the step program (None: the forward and lm_logits run)
     tr.span(model, "replayed_head", "replayed head", counts=lambda result: result is not None)
+    replay = getattr(model, "decode_replay", None)
+    if replay is not None:  # the same, its inputs written by the runner (ModelRunner._direct_inputs)
+        tr.span(replay, "run_inputs", "replayed head", counts=lambda result: result is not None)
     for fn in ("linear",):
         tr.part(llama, fn, "linear")
     tr.part(cpu_linear.PackedGateUp, "silu_mul", "linear")
@@ -176,6 +179,7 @@ def traced(engine):
     tr.part(engine.scheduler, "schedule", "scheduler/bookkeeping")
     tr.part(engine.scheduler, "finish", "scheduler/bookkeeping")
     tr.part(runner, "build_metadata", "scheduler/bookkeeping")
+    tr.part(runner, "_direct_inputs", "scheduler/bookkeeping")
     tr.part(engine.kv, "cache_computed_blocks", "scheduler/bookkeeping")
     # the C kernels' own time: every packed weight's kernel, the fused gate/up, the attention,
     # norm and rotary kernels
@@ -200,7 +204,6 @@ def traced(engine):
         tr.c_entries(kernels.rows_fns, "attention")
         for table in (kernels.add_rms_norm, kernels.rotary, kernels.silu_mul):
             tr.c_entries(table, "other model ops")
-    replay = getattr(model, "decode_replay", None)
     if replay is not None:  # recorded again with every op timed
         replay.instrument = tr.c_function
         replay.forget()

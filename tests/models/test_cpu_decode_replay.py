@@ -99,13 +99,16 @@ def test_replay_gives_the_forwards_tokens(tiny_folder, dtype):
 @pytest.mark.parametrize("ending", ["hidden", "logits", "tokens"])
 def test_replayed_step_equals_forward_bit_for_bit(tiny_folder, ending):
     """After the checked first step, later replays are compared here directly: the hidden rows
-    (the runner's LM head off the program), or the program's logits and greedy tokens."""
+    (the runner's LM head off the program), or the program's logits and greedy tokens, these
+    from the steps whose inputs the runner wrote straight into the replay's buffers."""
     from inferq.gpuworker.engine.sampler import greedy_argmax
 
     llm = _engine(tiny_folder, "float32")
     eng = llm.engine
     model = eng.model
     replay = model.decode_replay
+    runner = eng.runner
+    runner._direct_decode = ending != "hidden"  # with the LM head off the program, the general path
     temperature = 0.0 if ending != "logits" else 0.7
     eng.add_request("r", list(range(10, 30)), SamplingParams(max_tokens=12, temperature=temperature, seed=3,
                                                              ignore_eos=True))
@@ -129,14 +132,32 @@ def test_replayed_step_equals_forward_bit_for_bit(tiny_folder, ending):
                         and (got[1] is None if not greedy else torch.equal(got[1], greedy_argmax(logits))))
         return got
 
+    scheds, direct_steps = [], []
+
+    def direct_inputs(sched, kv):
+        scheds.append(sched)
+        return runner_direct_inputs(sched, kv)
+
+    def run_inputs(inputs, kind, longest, kv_caches):
+        got = replay_run_inputs(inputs, kind, longest, kv_caches)
+        ids, positions, meta, *_ = runner.build_metadata(scheds[-1], eng.kv)  # the general path's inputs
+        logits = model.lm_logits(model.layers_forward(ids, positions, kv_caches, meta))
+        direct_steps.append(torch.equal(got[0], logits)
+                            and got[1] == (None if ending == "logits" else greedy_argmax(logits).tolist()))
+        return got
+
     replay_forward, replay_head = model.forward, model.replayed_head
+    runner_direct_inputs, replay_run_inputs = runner._direct_inputs, replay.run_inputs
     model.forward, model.replayed_head = forward, replayed_head
+    runner._direct_inputs, replay.run_inputs = direct_inputs, run_inputs
     try:
         while eng.has_unfinished():
             eng.step()
     finally:
-        del model.forward, model.replayed_head
+        del model.forward, model.replayed_head, runner._direct_inputs, replay.run_inputs
+    seen += direct_steps
     assert len(seen) >= 8 and all(seen), seen
+    assert (len(direct_steps) >= 8) == (ending != "hidden"), direct_steps
 
 
 def test_replay_can_be_switched_off(tiny_folder, monkeypatch):
@@ -187,8 +208,15 @@ def test_an_input_out_of_range_is_an_index_error_and_leaves_the_replay_on(monkey
         return real(ids, positions, kv_caches, meta, greedy)
 
     monkeypatch.setattr(model, "replayed_head", keep_inputs)
+    run_inputs = replay.run_inputs
+
+    def count_direct(*args):  # the steps whose inputs the runner wrote into the replay's buffers
+        seen.append(None)
+        return run_inputs(*args)
+
+    monkeypatch.setattr(replay, "run_inputs", count_direct)
     llm.generate([[5, 6, 7]], SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
-    ids, positions, kv_caches, meta = seen[-1]
+    ids, positions, kv_caches, meta = next(x for x in reversed(seen) if x is not None)
     assert replay._recordings and replay.enabled
     vocab, max_pos = model.packed_embed.n, model.rotary.cos.shape[0]
     for bad_ids, bad_positions in ((torch.tensor([vocab]), positions), (ids, torch.tensor([max_pos]))):
@@ -220,3 +248,44 @@ def test_logprobs_and_penalties_through_the_replayed_head(tiny_folder):
     assert on == run(False)
     assert len(on[1][0]) == 10 and all(len(top) >= 3 for top in on[1][0])  # the logprobs came back
     assert replay.enabled and any(kind == cpu_decode_replay.LOGITS for _, kind in replay._checked_kinds)
+
+
+def test_direct_decode_inputs_give_the_general_paths_tokens(tiny_folder):
+    """Decode steps whose inputs the runner writes straight into the replay's buffers
+    (ModelRunner._direct_inputs, cpu_decode_replay.DecodeInputs) give the tokens of the general
+    input build and of the forward: with rows shifting as requests finish, block tables growing
+    across many block boundaries, and requests preempted for KV blocks and resumed on new
+    blocks (each row's table copied again), greedy and seeded rows together."""
+    torch.set_num_threads(1)
+    llm = LLM(model=str(tiny_folder), dtype="float32", block_size=4, num_kv_blocks=18, max_num_seqs=4,
+              enable_prefix_caching=False)
+    eng = llm.engine
+    replay, runner = eng.model.decode_replay, eng.runner
+    if replay is None:
+        pytest.skip("no decode replay for float32 here (a kernel missing)")
+    prompts = [[5 + 3 * i + j for j in range(5 + 2 * i)] for i in range(5)]
+    params = [SamplingParams(max_tokens=14 + 3 * i, temperature=0, ignore_eos=True) for i in range(5)]
+    params[2] = SamplingParams(max_tokens=20, temperature=0.9, top_p=0.9, seed=5, ignore_eos=True)
+    direct = []
+    run_inputs = replay.run_inputs
+
+    def counted(*args):
+        direct.append(len(args[0].ids_mv))
+        return run_inputs(*args)
+
+    def run(direct_on: bool, replay_on: bool) -> list[list[int]]:
+        runner._direct_decode = direct_on
+        eng.model.decode_replay = replay if replay_on else None
+        before = eng.scheduler.num_preemptions
+        out = [o.token_ids for o in llm.generate(prompts, params)]
+        assert eng.scheduler.num_preemptions > before, "the KV cache was meant to force preemptions"
+        eng.check_invariants()
+        return out
+
+    replay.run_inputs = counted
+    try:
+        got = run(True, True)
+    finally:
+        del replay.run_inputs
+    assert replay.enabled and len(set(direct)) >= 3, f"direct steps at row counts {sorted(set(direct))}"
+    assert got == run(False, True) == run(False, False)
