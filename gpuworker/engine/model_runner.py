@@ -355,7 +355,8 @@ class ModelRunner:
         if greedy:
             lps: list = [None] * len(reqs)
         else:
-            sampled = self.sampler(logits.float(), self._sampling_rows(reqs), owned=True)
+            with torch.inference_mode():  # the sampler's own tensors are inference tensors
+                sampled = self.sampler(logits.float(), self._sampling_rows(reqs), owned=True)
             tokens, lps = sampled.token_ids, sampled.logprobs
         self.num_device_syncs += 1
         times.prepare, times.forward, times.sample, times.syncs = t1 - t0, t2 - t1, time.perf_counter() - t2, 1
@@ -367,16 +368,22 @@ class ModelRunner:
         return [SamplingRow(params=r.params, prompt_token_ids=r.prompt_token_ids, output_token_ids=r.output_token_ids,
                             generator=row_generator(r, 0), penalty_tokens=r.penalty_tokens) for r in reqs]
 
-    @torch.inference_mode()
     def execute(self, sched: SchedulerOutput, kv: KVCacheManager) -> SampledTokens:
         times = self.last_times = StepTimes()
-        syncs_before = self.num_device_syncs
         t0 = time.perf_counter()
         if self._direct_decode and not self.pooling_requests:
+            # no inference_mode around it: it makes no autograd tensors, and entering and
+            # leaving the mode cost ~50 us on a cold core
             direct = self._direct_inputs(sched, kv)
             done = None if direct is None else self._execute_direct(direct, times, t0)
             if done is not None:
                 return done
+        return self._execute(sched, kv, times, t0)
+
+    @torch.inference_mode()
+    def _execute(self, sched: SchedulerOutput, kv: KVCacheManager, times: StepTimes, t0: float) -> SampledTokens:
+        """The general step: ``build_metadata``, the forward (or a replay), the sampler."""
+        syncs_before = self.num_device_syncs
         ids, positions, meta, rows_idx, sampling, qsl = self.build_metadata(sched, kv)
         scheduled = sched.scheduled
         reqs = [scheduled[i].request for i in sampling]

@@ -340,7 +340,10 @@ class DecodeReplay:
     def _recording(self, b: int) -> _Recording:
         rec = self._recordings.get(b)
         if rec is None:
-            rec = self._recordings[b] = _Recording(self.model, b, self.instrument, self._head_out)
+            # plain tensors, not inference tensors: the runner's direct steps (DecodeInputs) run
+            # outside inference mode, and may sample from the logits buffer in place
+            with torch.inference_mode(False):
+                rec = self._recordings[b] = _Recording(self.model, b, self.instrument, self._head_out)
         return rec
 
     def run(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches, meta, forward):
@@ -451,8 +454,9 @@ class DecodeReplay:
         """The step program on inputs at ``pointers`` (ids, positions, slots, block table) and the
         recording's ``lens``."""
         self._sync_threads()
-        if rec.embed is None:
-            rec.residual.copy_(self.model.embed(input_ids))
+        if rec.embed is None:  # a table with no kernel call here: looked up by torch
+            with torch.inference_mode():
+                rec.residual.copy_(self.model.embed(input_ids))
         steps = rec.steps_for(kv_caches, kind)
         params = steps.params
         params[IDS], params[POSITIONS], params[SLOTS], params[TABLES] = pointers
