@@ -357,14 +357,24 @@ def run_model(name: str, args) -> list[dict]:
     engine = llm.engine
     model = engine.model
     replay = getattr(model, "decode_replay", None)
-    variants = {"replay": lambda: setattr(model, "decode_replay", replay)} if replay is not None else {}
+    runner = engine.runner
+
+    def use(replay_on: bool, direct: bool = True):
+        def setup():
+            model.decode_replay = replay if replay_on else None
+            runner._direct_decode = direct
+        return setup
+
+    variants = {"replay": use(True)} if replay is not None else {}
+    if args.general_inputs and replay is not None:  # the runner's general input build before the replay
+        variants["replay, general inputs"] = use(True, direct=False)
     if args.forward or replay is None:  # the layer-by-layer forward, op by op
-        variants = {"forward": lambda: setattr(model, "decode_replay", None), **variants}
+        variants = {"forward": use(False), **variants}
     nbytes = step_bytes(engine, args.prompt_len + args.rounds * args.steps * len(variants))
     stream = WeightStream(engine.dtype)
     results = measure(engine, args.prompt_len, args.steps, args.rounds, lambda: nbytes / stream.gbs() / 1e9,
                       variants)
-    model.decode_replay = replay
+    model.decode_replay, runner._direct_decode = replay, True
     dtype = str(engine.dtype).removeprefix("torch.")
     return [dict(r, model=name, variant=v, dtype=dtype, bytes=nbytes) for v, r in results.items()]
 
@@ -402,6 +412,9 @@ def parse_args(argv=None):
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--forward", action="store_true",
                    help="also measure the layer-by-layer forward (decode replay off) in the same rounds")
+    p.add_argument("--general-inputs", action="store_true",
+                   help="also measure the replay with the runner's general input build (numpy arrays, tensors and "
+                        "attention metadata) instead of its direct inputs, in the same rounds")
     p.add_argument("--json", default=None)
     return p.parse_args(argv)
 

@@ -1,5 +1,6 @@
 """``inferq bench step-breakdown`` on a tiny random Llama: every part of a batch-1 decode step
-is measured for the layer-by-layer forward and the decode replay, the parts add up to the
+is measured for the layer-by-layer forward and the decode replay (its inputs written directly
+or through the runner's general input build), the parts add up to the
 traced step, the C kernels' share of a part never exceeds the part, and the weight stream of
 the step's bytes is measured beside them. (No claim on speed: the figures are noisy here.)"""
 from __future__ import annotations
@@ -18,10 +19,11 @@ pytestmark = pytest.mark.skipif(load_cpu_kernels() is None, reason="the CPU C ke
 
 def test_breakdown_of_forward_and_replay(tmp_path):
     folder = save_tiny_model("llama", tmp_path / "llama")
-    args = argparse.Namespace(dtype="float32", prompt_len=16, steps=3, rounds=2, forward=True, threads=1)
+    args = argparse.Namespace(dtype="float32", prompt_len=16, steps=3, rounds=2, forward=True, general_inputs=True,
+                              threads=1)
     torch.set_num_threads(1)
     results = step_breakdown.run_model(str(folder), args)
-    assert [r["variant"] for r in results] == ["forward", "replay"]
+    assert [r["variant"] for r in results] == ["forward", "replay", "replay, general inputs"]
     for r in results:
         parts, c = r["parts_ms"], r["c_ms"]
         assert set(parts) == set(step_breakdown.PARTS)
@@ -31,9 +33,10 @@ def test_breakdown_of_forward_and_replay(tmp_path):
         assert r["stream_ms"] > 0 and r["ratio"] == pytest.approx(r["plain_step_ms"] / r["stream_ms"])
         assert r["bytes"] > 0
     # the replay calls the kernels straight from its recording: no time in the forward's op wrappers
-    forward, replay = results
+    forward, replay, general = results
     assert forward["c_ms"]["linear"] < forward["parts_ms"]["linear"]
-    assert replay["c_ms"]["linear"] == pytest.approx(replay["parts_ms"]["linear"])
+    for r in (replay, general):
+        assert r["c_ms"]["linear"] == pytest.approx(r["parts_ms"]["linear"])
 
 
 def test_parts_are_exclusive(tmp_path):
