@@ -243,11 +243,11 @@ class _Recording:
 
 class DecodeInputs:
     """A ``b``-row decode step's integer inputs where its step program reads them, written by
-    the model runner item by item (``ModelRunner._replayed_decode``): token ids, positions, K/V
+    the model runner item by item (``ModelRunner._direct_inputs``): token ids, positions, K/V
     slots and sequence lengths (int64) and the block table (int32, rows ``width`` apart). A
     step's Python runs with cold caches, where a numpy or torch call costs ~10-25 us and a
-    store through a memoryview well under one: so the runner's general input build (~20 such
-    calls) and the replay's tensor checks are skipped once a row count is checked.
+    store through a memoryview well under one: so the runner's general input build and the
+    replay's tensor checks (~25 such calls) are skipped once a row count is checked.
 
     Row ``i`` of the table is copied from the KV manager's block list only where that list is
     another object than the one it was copied from (another request at this row) or grew: a
