@@ -8,7 +8,9 @@ default: the 16-row layout where the type has one, else the file's rows) and wit
 activations (the row kernel), and the bf16 (or float32) panels once per row count. Times are the best of
 ``--repeats`` passes in CPU time of the calling thread (``time.thread_time``: on a shared
 machine other processes' time slices do not count; memory contention still does), at
-``--threads`` (default 1). Weights are random blocks of each type.
+``--threads`` (default 1). Weights are random blocks of each type. ``--calls kernel`` times the
+int8 column as the decode replay runs it: the kernels' own ctypes calls on fixed buffers
+(``QuantLinear.replay_calls``), without the module call's Python and tensors around each.
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ import torch
 
 from inferq.gpuworker.models import cpu_linear
 from inferq.gpuworker.models import quant_linear as ql
+from inferq.kernels.cpu import loader
 from inferq.kernels.cpu import quant_reference as ref
 
 SMOLLM2_LAYER = [(960, 576), (576, 576), (3072, 576), (576, 1536)]  # qkv, o, gate|up, down
@@ -60,6 +63,9 @@ def main(argv=None) -> int:
     p.add_argument("--isa", default=None, choices=["avx512_vnni", "avx2"], help="force a build (default: the best here)")
     p.add_argument("--int8-layout", default="x16", choices=["x16", "rows"],
                    help="int8 activations on the 16-row layout (what the engine runs) or on the file's rows")
+    p.add_argument("--calls", default="module", choices=["module", "kernel"],
+                   help="int8 column: QuantLinear's call (module) or its kernels' raw calls, as the decode replay "
+                        "makes them (kernel)")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     lib = ql.load(args.isa)
@@ -85,7 +91,15 @@ def main(argv=None) -> int:
                 lins = [ql.QuantLinear(lib, [ql.QuantWeight(b, ref.SUPPORTED[name], k)], torch.float32, act)
                         for b, k in blocks]
                 layout = layout or lins[0].segments[0].layout
-                s = best_cpu_s(lambda: [lin(x) for lin, x in zip(lins, xs)], args.repeats)
+                if args.calls == "kernel" and act == "int8":
+                    ys = [torch.empty(m, lin.n) for lin in lins]  # kept: the calls hold their addresses
+                    made = [lin.replay_calls(x, y) for lin, x, y in zip(lins, xs, ys)]
+                    calls = [call for kernel_calls, _ in made for call in kernel_calls]
+                    if hasattr(lib, "threads"):
+                        loader.sync_threads(lib)
+                    s = best_cpu_s(lambda: [fn(*a) for fn, a in calls], args.repeats)
+                else:
+                    s = best_cpu_s(lambda: [lin(x) for lin, x in zip(lins, xs)], args.repeats)
                 cells.append(f"{s * 1e3:.1f} ({nbytes / s / 1e9:.1f})")
             print(f"| {name} | {m} | {cells[0]} | {cells[1]} | {layout} |", flush=True)
     clib = cpu_linear.load()
