@@ -64,15 +64,6 @@ def _embed_call(model, b: int, residual: torch.Tensor):
     return seg[0].rows_call(table.lib, PerStep(IDS), b, residual.data_ptr(), residual.dtype == torch.bfloat16)
 
 
-class ReplayRefused(RuntimeError):
-    """A kernel returned non-zero during a replay: the step runs through the forward instead."""
-
-
-def _check(rc) -> None:
-    if rc:  # 0, or None from a kernel that returns nothing
-        raise ReplayRefused(rc)
-
-
 def _call_into(w, x: torch.Tensor, bias, y: torch.Tensor) -> int:
     """A projection without a raw kernel call here, into the fixed buffer ``y``."""
     y.copy_(w(x, bias))
@@ -353,7 +344,7 @@ class DecodeReplay:
         b = input_ids.shape[0]
         rec = self._recording(b)
         out = torch.empty_like(rec.x)  # a fresh tensor: the caller may keep it past the next step
-        if not self._replayed(rec, input_ids, positions, kv_caches, meta, HIDDEN, out):
+        if not self._replay(rec, input_ids, positions, kv_caches, meta, HIDDEN, out):
             return forward()
         if (b, HIDDEN) not in self._checked_kinds:
             expected = forward()  # rewrites the same K/V slots with its own values
@@ -374,7 +365,7 @@ class DecodeReplay:
         if rec.head is None:
             return None
         kind = TOKENS if greedy else LOGITS
-        if not self._replayed(rec, input_ids, positions, kv_caches, meta, kind):
+        if not self._replay(rec, input_ids, positions, kv_caches, meta, kind):
             return None
         logits, tokens = rec.head[2], rec.head[3] if greedy else None
         if (b, kind) not in self._checked_kinds:
@@ -392,18 +383,6 @@ class DecodeReplay:
         self._checked_kinds.add((b, kind))
         self._checked.add(b)
 
-    def _replayed(self, rec: _Recording, input_ids, positions, kv_caches, meta, kind: str,
-                  out: torch.Tensor | None = None) -> bool:
-        """Runs the step program ending as ``kind`` says (HIDDEN: into ``out``); False, the
-        replay off for good, where a kernel refused."""
-        try:
-            self._replay(rec, input_ids, positions, kv_caches, meta, kind, out)
-            return True
-        except ReplayRefused as e:
-            log.warning("CPU decode replay refused by a kernel (rc %s): decode steps take the forward", e)
-            self.enabled = False
-            return False
-
     def _sync_threads(self) -> None:
         """Every library of the step at torch's thread count, its team pinned for this thread:
         done again only when the count or the calling thread changes (a step's Python runs with
@@ -416,10 +395,13 @@ class DecodeReplay:
                     loader.sync_threads(lib)
             self._synced = key
 
-    def _replay(self, rec: _Recording, input_ids, positions, kv_caches, meta, kind: str, out) -> None:
+    def _replay(self, rec: _Recording, input_ids, positions, kv_caches, meta, kind: str,
+                out: torch.Tensor | None = None) -> bool:
+        """The step program on the general path's tensors, ending as ``kind`` says (HIDDEN: into
+        ``out``); False, the replay off for good, where a kernel refused."""
         rec.lens.copy_(meta.seq_lens)
         tables = meta.block_tables
-        self._run(rec, kv_caches, kind, input_ids, (input_ids.data_ptr(), positions.data_ptr(),
+        return self._run(rec, kv_caches, kind, input_ids, (input_ids.data_ptr(), positions.data_ptr(),
                   meta.slot_mapping.data_ptr(), tables.data_ptr()), tables.stride(0), meta.max_seq_len,
                   0 if out is None else out.data_ptr())
 
@@ -441,18 +423,15 @@ class DecodeReplay:
         a kernel refused (the replay is then off: the caller takes the general path)."""
         b = len(inputs.ids_mv)
         rec = self._recordings[b]
-        try:
-            self._run(rec, kv_caches, kind, inputs.ids, inputs.pointers, inputs.width, max_len, 0)
-        except ReplayRefused as e:
-            log.warning("CPU decode replay refused by a kernel (rc %s): decode steps take the forward", e)
-            self.enabled = False
+        if not self._run(rec, kv_caches, kind, inputs.ids, inputs.pointers, inputs.width, max_len, 0):
             return None
         return rec.head[2], (self._tokens_mv[:b].tolist() if kind == TOKENS else None)
 
     def _run(self, rec: _Recording, kv_caches, kind: str, input_ids: torch.Tensor, pointers, table_stride: int,
-             max_len: int, out: int) -> None:
+             max_len: int, out: int) -> bool:
         """The step program on inputs at ``pointers`` (ids, positions, slots, block table) and the
-        recording's ``lens``."""
+        recording's ``lens``; False, the replay off for good, where a kernel refused (the step
+        then takes the forward)."""
         self._sync_threads()
         if rec.embed is None:  # a table with no kernel call here: looked up by torch
             with torch.inference_mode():
@@ -466,5 +445,9 @@ class DecodeReplay:
         if rc and at < rec.n_inputs:  # an id past the embedding or a position past the rotary table
             raise IndexError(f"decode step input out of range (rc {rc}): token ids must be < the vocabulary, "
                              f"positions < {self.model.rotary.cos.shape[0]}")
-        _check(rc)
+        if rc:  # 0, or None from a kernel that returns nothing
+            log.warning("CPU decode replay refused by a kernel (rc %s): decode steps take the forward", rc)
+            self.enabled = False
+            return False
+        return True
 

@@ -261,8 +261,8 @@ def test_direct_decode_inputs_give_the_general_paths_tokens(tiny_folder):
               enable_prefix_caching=False)
     eng = llm.engine
     replay, runner = eng.model.decode_replay, eng.runner
-    if replay is None:
-        pytest.skip("no decode replay for float32 here (a kernel missing)")
+    # float32 replays wherever the C kernels build (this module's mark): only bf16 may lack it
+    assert replay is not None, "no float32 decode replay although the CPU kernels built"
     prompts = [[5 + 3 * i + j for j in range(5 + 2 * i)] for i in range(5)]
     params = [SamplingParams(max_tokens=14 + 3 * i, temperature=0, ignore_eos=True) for i in range(5)]
     params[2] = SamplingParams(max_tokens=20, temperature=0.9, top_p=0.9, seed=5, ignore_eos=True)
@@ -289,3 +289,33 @@ def test_direct_decode_inputs_give_the_general_paths_tokens(tiny_folder):
         del replay.run_inputs
     assert replay.enabled and len(set(direct)) >= 3, f"direct steps at row counts {sorted(set(direct))}"
     assert got == run(False, True) == run(False, False)
+
+
+@pytest.mark.parametrize("direct", [True, False])
+def test_a_refusing_kernel_turns_the_replay_off_and_the_step_takes_the_forward(tiny_folder, monkeypatch, direct,
+                                                                              caplog):
+    """A kernel returning non-zero inside the step program (after the step's inputs were read)
+    turns the replay off for good; that step and the later ones come from the forward, the
+    tokens unchanged, whether the runner wrote the inputs directly or through its general build."""
+    llm = _engine(tiny_folder, "float32")
+    eng = llm.engine
+    replay = eng.model.decode_replay
+    prompt, params = [[5, 6, 7]], SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+    eng.model.decode_replay = None
+    expected = llm.generate(prompt, params)[0].token_ids
+    eng.model.decode_replay, eng.runner._direct_decode = replay, direct
+    assert llm.generate(prompt, params)[0].token_ids == expected  # its 1-row step checked
+    assert replay.enabled and replay.ready(1, cpu_decode_replay.TOKENS)
+    real_run, paths = cpu_step_program.StepProgram.run, []
+    monkeypatch.setattr(replay, "run_inputs", lambda *a: paths.append("direct") or type(replay).run_inputs(replay, *a))
+
+    def refuse_once(self):
+        monkeypatch.setattr(cpu_step_program.StepProgram, "run", real_run)
+        real_run(self)
+        return 7, len(self) - 1  # the program's last op said no
+
+    monkeypatch.setattr(cpu_step_program.StepProgram, "run", refuse_once)
+    with caplog.at_level("WARNING"):
+        assert llm.generate(prompt, params)[0].token_ids == expected
+    assert not replay.enabled and "refused by a kernel (rc 7)" in caplog.text
+    assert paths == (["direct"] if direct else [])  # the refused step took the path under test
