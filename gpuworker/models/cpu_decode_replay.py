@@ -283,10 +283,11 @@ class DecodeReplay:
         # every library the step's kernels come from, its thread count synced before a step
         weights = [layer.packed[n] for layer in model.layers for n in ("qkv", "o", "gate_up", "down")]
         weights += [model.packed_lm_head, model.packed_embed]
-        libs = [getattr(w, "lib", None) for w in weights] + [cpu_argmax.load()]
+        libs = [getattr(w, "lib", None) for w in weights] + [cpu_argmax.load(), cpu_step_program.load()]
         self.libs = list({id(lib): lib for lib in libs if lib is not None}.values())
         self.enabled = True
         self.instrument = None  # see _Recording; forget() after setting it
+        self.teams = True  # False: step programs op by op at any thread count (a benchmark's baseline)
         self._recordings: dict[int, _Recording] = {}
         self._checked: set[int] = set()  # row counts checked against the forward, in any kind
         self._checked_kinds: set[tuple[int, str]] = set()
@@ -441,7 +442,7 @@ class DecodeReplay:
         params[IDS], params[POSITIONS], params[SLOTS], params[TABLES] = pointers
         params[TABLE_STRIDE], params[OUT] = table_stride, out
         params[SCRATCH] = rec.scratch_for(max_len, self.kernels.lib.threads)
-        rc, at = steps.run()
+        rc, at = steps.run(self.teams)
         if rc and at < rec.n_inputs:  # an id past the embedding or a position past the rotary table
             raise IndexError(f"decode step input out of range (rc {rc}): token ids must be < the vocabulary, "
                              f"positions < {self.model.rotary.cos.shape[0]}")

@@ -12,6 +12,11 @@ encodes the list for C. An op's call shape is read from the ctypes function's ow
 and ``restype`` (the prototypes step_program.c knows), so a kernel whose signature is not one
 of them, or a Python callable (a timed wrapper, a projection through torch), makes ``build``
 return None; ``PythonSteps`` then makes the same calls from Python.
+
+At several threads a program whose kernels all share their work in a team (listed in their
+files' ``team_kernels[]``: ``loader.shares_in_team``) runs as one parallel region, each kernel
+taking the calling thread's share and the threads meeting at a barrier after each op
+(step_program.c's ``run_team``); any other program runs op by op, each kernel in its own region.
 """
 from __future__ import annotations
 
@@ -89,7 +94,7 @@ def load() -> Optional[ctypes.CDLL]:
             lib = loader.build("step_program", ["-O2"]) if loader.enabled() else None
             if lib is not None:
                 lib.run_step_program.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
-                                                 ctypes.POINTER(ctypes.c_int64)]
+                                                 ctypes.POINTER(ctypes.c_int64), ctypes.c_int]
                 lib.run_step_program.restype = ctypes.c_int
                 if lib.step_op_bytes() != ctypes.sizeof(StepOp):
                     lib = None
@@ -125,6 +130,9 @@ class StepProgram:
         self._ops: list[StepOp] = []
         self._array = None
         self._failed = ctypes.c_int64(-1)
+        # every kernel shares its work in a team (loader.shares_in_team): then at several threads
+        # the program runs as one parallel region (step_program.c's run_team)
+        self.team = True
 
     def __len__(self) -> int:
         return len(self._ops)
@@ -140,7 +148,7 @@ class StepProgram:
                     v = v.index
                 op.a[j] = _arg(v)
             self._ops.append(op)
-            return True
+            return True  # run by the team's thread 0
         shape = _SHAPES.get((tuple(getattr(fn, "argtypes", None) or ()), getattr(fn, "restype", None)))
         if shape is None or not isinstance(fn, ctypes._CFuncPtr):
             return False
@@ -148,6 +156,7 @@ class StepProgram:
         if len(args) != len(argtypes):
             raise TypeError(f"{fn.__name__} takes {len(argtypes)} arguments, got {len(args)}")
         op = StepOp(fn=ctypes.cast(fn, ctypes.c_void_p).value, shape=shape)
+        self.team = self.team and loader.shares_in_team(op.fn)
         n_int = n_float = 0
         for t, v in zip(argtypes, args):
             if t is _f:
@@ -165,9 +174,11 @@ class StepProgram:
     def seal(self) -> None:
         self._array = (StepOp * len(self._ops))(*self._ops)
 
-    def run(self) -> tuple[int, int]:
-        """(0, -1), or (the first non-zero return, the index of its op)."""
-        rc = self.lib.run_step_program(self._array, len(self._ops), self.params, ctypes.byref(self._failed))
+    def run(self, team: bool = True) -> tuple[int, int]:
+        """(0, -1), or (the first non-zero return, the index of its op). ``team=False`` runs it op
+        by op even where it could run as a team (``inferq bench step-breakdown --op-by-op``)."""
+        rc = self.lib.run_step_program(self._array, len(self._ops), self.params, ctypes.byref(self._failed),
+                                       self.team and team)
         return rc, self._failed.value if rc else -1
 
 
@@ -182,7 +193,7 @@ class PythonSteps:
     def __len__(self) -> int:
         return len(self._ops)
 
-    def run(self) -> tuple[int, int]:
+    def run(self, team: bool = True) -> tuple[int, int]:
         params = self.params
         for i, (fn, args, per_step) in enumerate(self._ops):
             if per_step:

@@ -359,15 +359,19 @@ def run_model(name: str, args) -> list[dict]:
     replay = getattr(model, "decode_replay", None)
     runner = engine.runner
 
-    def use(replay_on: bool, direct: bool = True):
+    def use(replay_on: bool, direct: bool = True, teams: bool = True):
         def setup():
             model.decode_replay = replay if replay_on else None
             runner._direct_decode = direct
+            if replay is not None:
+                replay.teams = teams
         return setup
 
     variants = {"replay": use(True)} if replay is not None else {}
     if args.general_inputs and replay is not None:  # the runner's general input build before the replay
         variants["replay, general inputs"] = use(True, direct=False)
+    if args.op_by_op and replay is not None:  # each kernel its own parallel region, not one team
+        variants["replay, op by op"] = use(True, teams=False)
     if args.forward or replay is None:  # the layer-by-layer forward, op by op
         variants = {"forward": use(False), **variants}
     nbytes = step_bytes(engine, args.prompt_len + args.rounds * args.steps * len(variants))
@@ -375,6 +379,8 @@ def run_model(name: str, args) -> list[dict]:
     results = measure(engine, args.prompt_len, args.steps, args.rounds, lambda: nbytes / stream.gbs() / 1e9,
                       variants)
     model.decode_replay, runner._direct_decode = replay, True
+    if replay is not None:
+        replay.teams = True
     dtype = str(engine.dtype).removeprefix("torch.")
     return [dict(r, model=name, variant=v, dtype=dtype, bytes=nbytes) for v, r in results.items()]
 
@@ -415,6 +421,9 @@ def parse_args(argv=None):
     p.add_argument("--general-inputs", action="store_true",
                    help="also measure the replay with the runner's general input build (numpy arrays, tensors and "
                         "attention metadata) instead of its direct inputs, in the same rounds")
+    p.add_argument("--op-by-op", action="store_true",
+                   help="also measure the replay with its step program run op by op (each kernel opening its own "
+                        "parallel region) instead of as one team of threads, in the same rounds (2+ threads)")
     p.add_argument("--json", default=None)
     return p.parse_args(argv)
 

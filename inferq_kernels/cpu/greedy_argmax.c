@@ -136,14 +136,15 @@ ROW_ARGMAX(row_argmax_bf16, uint16_t, LOAD_BF16)
 /* out[r] = argmax of row r (rows of n values, row r at x + r * ld). Returns 0, or -1 for n < 1. */
 int argmax_rows_f32(const float *x, int64_t ld, int64_t rows, int64_t n, int64_t *out) {
     if (n < 1) return -1;
-    OMP(omp parallel for schedule(static) num_threads(kernel_nthreads) if (rows > 1))
-    for (int64_t r = 0; r < rows; ++r) out[r] = row_argmax_f32(x + r * ld, n);
+    SHARED(rows, rows > 1, for (int64_t r = lo; r < hi; ++r) out[r] = row_argmax_f32(x + r * ld, n););
     return 0;
 }
 
 int argmax_rows_bf16(const uint16_t *x, int64_t ld, int64_t rows, int64_t n, int64_t *out) {
     if (n < 1) return -1;
-    OMP(omp parallel for schedule(static) num_threads(kernel_nthreads) if (rows > 1))
-    for (int64_t r = 0; r < rows; ++r) out[r] = row_argmax_bf16(x + r * ld, n);
+    SHARED(rows, rows > 1, for (int64_t r = lo; r < hi; ++r) out[r] = row_argmax_bf16(x + r * ld, n););
     return 0;
 }
+
+/* The kernels of this file that share their work in a step program's team (threads.h) */
+const void *const team_kernels[] = {(const void *)argmax_rows_f32, (const void *)argmax_rows_bf16, 0};

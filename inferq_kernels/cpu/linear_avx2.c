@@ -81,8 +81,7 @@ int NAME(const float *x, int64_t ldx, int64_t m, const WT *wp, int64_t n, int64_
        (Llama-3.2-1B's projections are 16-64 MB) would come from DRAM each time: it is walked        \
        panel by panel instead, each panel (k x 64 bytes) read again from L2 by its row blocks. */    \
     const int panel_outer = n * k * (int64_t)sizeof(WT) > L3_WEIGHT_BYTES;                           \
-    OMP(omp parallel for schedule(static) num_threads(kernel_nthreads))                              \
-    for (int64_t u = 0; u < blocks * panels; ++u) {                                                  \
+    SHARED(blocks * panels, 1, for (int64_t u = lo; u < hi; ++u) {                                  \
         const int64_t rb = panel_outer ? u % blocks : u / panels, nb = panel_outer ? u / blocks : u % panels; \
         const WT *p = wp + nb * k * 16;                                                              \
         const int64_t mb = rb * mc, rows = (m - mb < mc ? m : mb + mc) - mb;                         \
@@ -100,8 +99,11 @@ int NAME(const float *x, int64_t ldx, int64_t m, const WT *wp, int64_t n, int64_
                 r0 = r1;                                                                             \
             }                                                                                        \
         }                                                                                            \
-    }                                                                                                \
+    });                                                                                              \
     return 0;                                                                                        \
 }
 DEFINE_LINEAR(f32_linear, float, MK)
 DEFINE_LINEAR(f16_linear, uint16_t, MK16)
+
+/* The kernels of this file that share their work in a step program's team (threads.h) */
+const void *const team_kernels[] = {(const void *)f32_linear, (const void *)f16_linear, 0};

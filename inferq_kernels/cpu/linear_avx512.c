@@ -282,15 +282,14 @@ static const dkp_fn DKP[15] = {0, dkp_1, dkp_2, dkp_3, dkp_4, dkp_5, dkp_6, dkp_
 int NAME(const T *x, int64_t ldx, int64_t m, const T *wp, int64_t n, int64_t k,                  \
          const T *bias, T *y, int64_t ldy) {                                                     \
     if (n % 32 || (K_REJECTED) || m <= 0) return -1;                                             \
-    OMP(omp parallel for schedule(static) num_threads(kernel_nthreads)) /* threads split panels */ \
-    for (int64_t nb = 0; nb < n / 32; ++nb) {                                                    \
+    SHARED(n / 32, 1, for (int64_t nb = lo; nb < hi; ++nb) { /* threads split panels */         \
         const T *b = wp + nb * k * 32;                                                           \
         for (int64_t m0 = 0; m0 < m; m0 += 14) {                                                 \
             const int mr = m - m0 < 14 ? (int)(m - m0) : 14;                                     \
             KERNELS[mr](x + m0 * ldx, ldx, b, k, m0 == 0, bias ? bias + nb * 32 : 0,             \
                         y + m0 * ldy + nb * 32, ldy);                                            \
         }                                                                                        \
-    }                                                                                            \
+    });                                                                                          \
     return 0;                                                                                    \
 }
 DEFINE_PANEL_LINEAR(dp_linear_bf16_rows, uint16_t, DK, k % 2)
@@ -321,14 +320,13 @@ int dp_linear_bf16(const uint16_t *x, int64_t ldx, int64_t m, const uint16_t *wp
     int32_t *xp = malloc((size_t)(m * k / 2) * sizeof(int32_t));
     if (!xp) return dp_linear_bf16_rows(x, ldx, m, wp, n, k, bias, y, ldy);
     pack_x_pairs(x, ldx, m, k, xp);
-    OMP(omp parallel for schedule(static) num_threads(kernel_nthreads)) /* threads split panels */
-    for (int64_t nb = 0; nb < n / 32; ++nb) {
+    SHARED(n / 32, 1, for (int64_t nb = lo; nb < hi; ++nb) { /* threads split panels */
         const uint16_t *b = wp + nb * k * 32;
         for (int64_t m0 = 0; m0 < m; m0 += 14) {
             const int mr = m - m0 < 14 ? (int)(m - m0) : 14;
             DKP[mr](xp + m0 * (k / 2), b, k, m0 == 0, bias ? bias + nb * 32 : 0, y + m0 * ldy + nb * 32, ldy);
         }
-    }
+    });
     free(xp);
     return 0;
 }
@@ -459,22 +457,19 @@ int f32_linear(const float *x, int64_t ldx, int64_t m, const float *wp, int64_t 
     const int64_t pairs = n / 64;
     if (X_BLOCK_BYTES / (k * (int64_t)sizeof(float)) < 48 && pairs >= kernel_nthreads) {
         const int64_t mc = X_BLOCK_BYTES / (KC * (int64_t)sizeof(float)) / 6 * 6;
-        OMP(omp parallel num_threads(kernel_nthreads))
-        for (int64_t mb = 0; mb < m; mb += mc)
-            for (int64_t ks = 0; ks < k; ks += KC) {
-                /* the same pairs to the same threads for every slice (static): no race on y */
-                OMP(omp for schedule(static))
-                for (int64_t np = 0; np < pairs; ++np)
+        /* a thread's pairs, every slice of them in k order: no race on y */
+        SHARED(pairs, 1, for (int64_t mb = 0; mb < m; mb += mc)
+            for (int64_t ks = 0; ks < k; ks += KC)
+                for (int64_t np = lo; np < hi; ++np)
                     f32_tile(x, ldx, mb, m - mb < mc ? m : mb + mc, wp, np, k, ks, k - ks < KC ? k : ks + KC,
-                             bias, y, ldy);
-            }
+                             bias, y, ldy););
     } else {
         const int64_t mc = row_block(m, X_BLOCK_BYTES / (k * (int64_t)sizeof(float)), pairs, 6);
         const int64_t blocks = (m + mc - 1) / mc;
-        OMP(omp parallel for collapse(2) schedule(static) num_threads(kernel_nthreads))
-        for (int64_t rb = 0; rb < blocks; ++rb)
-            for (int64_t np = 0; np < pairs; ++np)
-                f32_tile(x, ldx, rb * mc, m - rb * mc < mc ? m : rb * mc + mc, wp, np, k, 0, k, bias, y, ldy);
+        SHARED(blocks * pairs, 1, for (int64_t u = lo; u < hi; ++u) {
+            const int64_t rb = u / pairs, np = u % pairs;
+            f32_tile(x, ldx, rb * mc, m - rb * mc < mc ? m : rb * mc + mc, wp, np, k, 0, k, bias, y, ldy);
+        });
     }
     if (n % 64)  /* an odd last panel */
         return f32_linear_narrow(x, ldx, m, wp + (n - 32) * k, 32, k, bias ? bias + n - 32 : 0, y + n - 32, ldy);
@@ -496,30 +491,30 @@ int f32_linear_silu(const float *x, int64_t ldx, int64_t m, const float *wp, int
     if (n % 64 || m <= 0) return -1;
     const int64_t pairs = n / 64;
     if (m <= NARROW_ROWS) {
-        OMP(omp parallel for schedule(static) num_threads(kernel_nthreads))
-        for (int64_t j = 0; j < pairs; ++j) {
+        SHARED(pairs, 1, for (int64_t j = lo; j < hi; ++j) {
             float sc[NARROW_ROWS * 64] __attribute__((aligned(64)));
             const float *p0 = wp + 2 * j * k * 32;
             MK[m](x, ldx, p0, k, 1, 0, sc, 64);
             MK[m](x, ldx, p0 + k * 32, k, 1, 0, sc + 32, 64);
             for (int64_t r = 0; r < m; ++r) silu_mul_row_f32(sc + r * 64, sc + r * 64 + 32, out + r * ldo + 32 * j, 32);
-        }
+        });
         return 0;
     }
     if (X_BLOCK_BYTES / (k * (int64_t)sizeof(float)) < 48 && pairs >= kernel_nthreads) return 1;
     const int64_t mc = row_block(m, X_BLOCK_BYTES / (k * (int64_t)sizeof(float)), pairs, 6);
     const int64_t blocks = (m + mc - 1) / mc;
-    float *scratch = aligned_alloc(64, (size_t)(kernel_nthreads * mc * 64) * sizeof(float));
+    /* one thread's scratch per allocation: in a team each thread calls this and makes its own */
+    const int64_t owners = in_team() ? 1 : kernel_nthreads;
+    float *scratch = aligned_alloc(64, (size_t)(owners * mc * 64) * sizeof(float));
     if (!scratch) return 1;
-    OMP(omp parallel for collapse(2) schedule(static) num_threads(kernel_nthreads))
-    for (int64_t rb = 0; rb < blocks; ++rb)
-        for (int64_t np = 0; np < pairs; ++np) {
-            float *sc = scratch + thread_id() * mc * 64;
-            const int64_t mb = rb * mc, rows = m - mb < mc ? m - mb : mc;
-            f32_tile(x + mb * ldx, ldx, 0, rows, wp + 2 * np * k * 32, 0, k, 0, k, 0, sc, 64);
-            for (int64_t r = 0; r < rows; ++r)
-                silu_mul_row_f32(sc + r * 64, sc + r * 64 + 32, out + (mb + r) * ldo + 32 * np, 32);
-        }
+    SHARED(blocks * pairs, 1, for (int64_t u = lo; u < hi; ++u) {
+        const int64_t rb = u / pairs, np = u % pairs;
+        float *sc = scratch + (owners > 1 ? tid : 0) * mc * 64;
+        const int64_t mb = rb * mc, rows = m - mb < mc ? m - mb : mc;
+        f32_tile(x + mb * ldx, ldx, 0, rows, wp + 2 * np * k * 32, 0, k, 0, k, 0, sc, 64);
+        for (int64_t r = 0; r < rows; ++r)
+            silu_mul_row_f32(sc + r * 64, sc + r * 64 + 32, out + (mb + r) * ldo + 32 * np, 32);
+    });
     free(scratch);
     return 0;
 }
@@ -533,8 +528,7 @@ int dp_linear_bf16_silu(const uint16_t *x, int64_t ldx, int64_t m, const uint16_
         if (!xp) return 1;
         pack_x_pairs(x, ldx, m, k, xp);
     }
-    OMP(omp parallel for schedule(static) num_threads(kernel_nthreads))
-    for (int64_t j = 0; j < n / 64; ++j) {
+    SHARED(n / 64, 1, for (int64_t j = lo; j < hi; ++j) {
         uint16_t sc[14 * 64] __attribute__((aligned(64)));
         const uint16_t *p0 = wp + 2 * j * k * 32, *p1 = p0 + k * 32;
         for (int64_t m0 = 0; m0 < m; m0 += 14) {
@@ -549,7 +543,7 @@ int dp_linear_bf16_silu(const uint16_t *x, int64_t ldx, int64_t m, const uint16_
             for (int r = 0; r < mr; ++r)
                 silu_mul_row_bf16(sc + r * 64, sc + r * 64 + 32, out + (m0 + r) * ldo + 32 * j, 32);
         }
-    }
+    });
     free(xp);
     return 0;
 }
@@ -607,3 +601,12 @@ int NAME(const T *y, int64_t ldy, int64_t m, int64_t n, T *out, int64_t ldo) {  
 DEFINE_SILU_PAIRS(f32_silu_pairs, float, silu_mul_row_f32)
 DEFINE_SILU_PAIRS(bf16_silu_pairs, uint16_t, silu_mul_row_bf16)
 #endif
+
+/* The kernels of this file that share their work in a step program's team (threads.h); not
+   the AMX ones, whose threads each set up their own tiles inside their own region */
+const void *const team_kernels[] = {(const void *)dp_linear_bf16_rows, (const void *)dp_linear_bf16,
+                                    (const void *)f32_linear_narrow, (const void *)f32_linear,
+#if HAVE_SILU_ROWS
+                                    (const void *)f32_linear_silu, (const void *)dp_linear_bf16_silu,
+#endif
+                                    0};

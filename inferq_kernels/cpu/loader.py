@@ -136,6 +136,29 @@ def _pin(lib: ctypes.CDLL, ident: int, n: int) -> None:
     _team[ident] = (n, cpus)
 
 
+# the addresses of every loaded library's team_kernels[] (threads.h): the kernels that share
+# their work in a step program's team
+_team_kernels: set[int] = set()
+
+
+def _read_team_kernels(lib: ctypes.CDLL) -> None:
+    try:
+        listed = ctypes.cast(ctypes.addressof(ctypes.c_void_p.in_dll(lib, "team_kernels")),
+                             ctypes.POINTER(ctypes.c_void_p))
+    except ValueError:  # the file lists none
+        return
+    for i in range(4096):
+        if not listed[i]:
+            break
+        _team_kernels.add(listed[i])
+
+
+def shares_in_team(address: int) -> bool:
+    """Whether the kernel at ``address`` takes its share of the work when a step program's team
+    calls it (listed in its file's ``team_kernels[]``)."""
+    return address in _team_kernels
+
+
 def pinned_cpus(lib: ctypes.CDLL, n: int) -> list[int]:
     """The CPU each of the calling thread's n team threads is pinned to (-1: not pinned)."""
     out = (ctypes.c_int * n)()
@@ -192,6 +215,7 @@ def build(stem: str, flags: list[str]) -> ctypes.CDLL | None:
         lib.openmp = bool(omp) and lib.kernel_threads(1) == 1 and lib.kernel_threads(2) == 2
         lib.kernel_threads(1)
         lib.threads = 1
+        _read_team_kernels(lib)
         return lib
     except Exception as e:  # no usable compiler, read-only cache, a failed load: stay on torch
         detail = getattr(e, "stderr", b"") or b""

@@ -536,16 +536,15 @@ int NAME(const T *q, int64_t q_tok_stride, T *out, int64_t out_tok_stride,      
        pass 3 reads this unit's values from L2 (fetched during pass 1) the memory bus would sit \
        idle, so it fetches the next unit's keys then (whole sequences per unit only). */      \
     const int64_t units = nseq * per_seq;                                                     \
-    OMP(omp parallel for schedule(static, 1) num_threads(kernel_nthreads))                   \
-    for (int64_t unit = 0; unit < units; ++unit) {                                           \
+    SHARED_EACH(unit, units,                                                                  \
         const int64_t s = unit / per_seq, h0 = unit % per_seq * hpu;                          \
         const int64_t ns = unit + kernel_nthreads < units && per_seq == 1 ? unit + kernel_nthreads : -1; \
         const int32_t *next_table = ns < 0 ? tables : tables + seq_idx[ns] * table_stride;     \
         const int64_t next_len = ns < 0 ? 0 : lens[ns];                                       \
         NAME##_run_unit(q + q_rows[s] * q_tok_stride, q_tok_stride, out + q_rows[s] * out_tok_stride, \
                         out_tok_stride, 1, kc, vc, tables + seq_idx[s] * table_stride, lens[s], h0, h0 + hpu, \
-                        hkv, g_n, d, bs, scale, scratch0 + thread_id() * sstride, next_table, next_len); \
-    }                                                                                         \
+                        hkv, g_n, d, bs, scale, scratch0 + tid * sstride, next_table, next_len);  \
+    );                                                                                        \
     return 0;                                                                                 \
 }                                                                                             \
 /* Prefill chunks with the decode kernel's arithmetic (the unit above): chunk c is q_lens[c]     \
@@ -632,8 +631,7 @@ static inline __attribute__((always_inline)) void NAME##_heads(                 
 }                                                                                               \
 int NAME(const T *q, int64_t q_stride, int64_t hq, const T *k, int64_t k_stride, int64_t hk,    \
          int64_t d, const T *cos, const T *sin, T *qo, T *ko, int64_t rows) {                   \
-    OMP(omp parallel for schedule(static) num_threads(kernel_nthreads) if (rows > 1))           \
-    for (int64_t r = 0; r < rows; ++r) {                                                        \
+    SHARED(rows, rows > 1, for (int64_t r = lo; r < hi; ++r) {                                 \
         const T *c = cos + r * d, *s = sin + r * d;                                             \
         if (d == 64) {                                                                          \
             NAME##_heads(q + r * q_stride, qo + r * hq * 64, hq, 64, c, s);                     \
@@ -642,7 +640,7 @@ int NAME(const T *q, int64_t q_stride, int64_t hq, const T *k, int64_t k_stride,
             NAME##_heads(q + r * q_stride, qo + r * hq * d, hq, d, c, s);                       \
             NAME##_heads(k + r * k_stride, ko + r * hk * d, hk, d, c, s);                       \
         }                                                                                       \
-    }                                                                                           \
+    });                                                                                         \
     return 0;                                                                                   \
 }
 DEFINE_ROTARY(rotary_f32, float, ID, ID)
@@ -656,8 +654,7 @@ DEFINE_ROTARY(rotary_bf16, uint16_t, bf2f, f2bf)
    when it fuses the two (linear_avx512.c): the same bits either way. */
 #define DEFINE_SILU_MUL(NAME, T, LOAD, STORE, ROW)                                             \
 int NAME(const T *gu, int64_t ld, int64_t n, T *out, int64_t rows) {                            \
-    OMP(omp parallel for schedule(static) num_threads(kernel_nthreads) if (rows > 1))           \
-    for (int64_t r = 0; r < rows; ++r) {                                                        \
+    SHARED(rows, rows > 1, for (int64_t r = lo; r < hi; ++r) {                                 \
         const T *g = gu + r * ld, *u = g + n;                                                   \
         T *o = out + r * n;                                                                     \
         if (HAVE_SILU_ROWS) { ROW(g, u, o, n); continue; }                                      \
@@ -667,7 +664,7 @@ int NAME(const T *gu, int64_t ld, int64_t n, T *out, int64_t rows) {            
             const float s = (x >= 0.0f ? x : x * e) / (1.0f + e);                               \
             o[i] = STORE(LOAD(STORE(s)) * LOAD(u[i]));                                          \
         }                                                                                       \
-    }                                                                                           \
+    });                                                                                         \
     return 0;                                                                                   \
 }
 #if !HAVE_SILU_ROWS /* never called (HAVE_SILU_ROWS is 0): for the compiler only */
@@ -706,22 +703,23 @@ static inline __attribute__((always_inline)) void add_rms_norm_row_f32(
 }
 
 int add_rms_norm_f32(float *res, const float *hid, const float *w, float *out, int64_t rows, int64_t h, float eps) {
-    OMP(omp parallel for schedule(static) num_threads(kernel_nthreads) if (rows > 1))
-    for (int64_t r = 0; r < rows; ++r) {
+    SHARED(rows, rows > 1, for (int64_t r = lo; r < hi; ++r) {
         if (h == 576) add_rms_norm_row_f32(res + r * h, hid ? hid + r * h : 0, w, out + r * h, 576, eps);
         else add_rms_norm_row_f32(res + r * h, hid ? hid + r * h : 0, w, out + r * h, h, eps);
-    }
+    });
     return 0;
 }
 
 int add_rms_norm_bf16(uint16_t *res, const uint16_t *hid, const uint16_t *w, uint16_t *out,
                       int64_t rows, int64_t h, float eps) {
     if (h > 8192) return -1;
-    OMP(omp parallel for schedule(static) num_threads(kernel_nthreads) if (rows > 1))
-    for (int64_t r = 0; r < rows; ++r) {
+    SHARED(rows, rows > 1, for (int64_t r = lo; r < hi; ++r) {
         float rf[8192];
         if (h == 576) add_rms_norm_row(res + r * h, hid ? hid + r * h : 0, w, out + r * h, 576, eps, rf);
         else add_rms_norm_row(res + r * h, hid ? hid + r * h : 0, w, out + r * h, h, eps, rf);
-    }
+    });
     return 0;
 }
+
+/* The kernels of this file that share their work in a step program's team (threads.h) */
+const void *const team_kernels[] = {(const void *)paged_decode_f32, (const void *)paged_decode_bf16, (const void *)rotary_f32, (const void *)rotary_bf16, (const void *)silu_mul_f32, (const void *)silu_mul_bf16, (const void *)add_rms_norm_f32, (const void *)add_rms_norm_bf16, 0};

@@ -209,11 +209,9 @@ int quant_linear16(int type, const int8_t *xq, const float *xd, const float *xs,
     const h8_fn *tile = h8_of(type);
     if (!tile || k <= 0 || k % qblock_elems(type) || m < 0 || n < 0) return -1;
     const int64_t nb = k / 32, groups = (n + G16 - 1) / G16, rec_group = k / qblock_elems(type) * rec16_bytes(type);
-    OMP(omp parallel num_threads(kernel_nthreads) if (groups >= 2))
-    for (int64_t m0 = 0; m0 < m; m0 += X_BLOCK_ROWS) {
+    SHARED(groups, groups >= 2, for (int64_t m0 = 0; m0 < m; m0 += X_BLOCK_ROWS) {
         const int64_t m1 = m - m0 < X_BLOCK_ROWS ? m : m0 + X_BLOCK_ROWS;
-        OMP(omp for schedule(static))
-        for (int64_t g = 0; g < groups; ++g) {
+        for (int64_t g = lo; g < hi; ++g) {
             const int64_t n0 = g * G16, rn = n - n0 < G16 ? n - n0 : G16;
             const int64_t passes = (m1 - m0 + RM16 - 1) / RM16;
             for (int64_t i0 = m0, pass = 0; i0 < m1; i0 += RM16, ++pass) {
@@ -229,7 +227,7 @@ int quant_linear16(int type, const int8_t *xq, const float *xd, const float *xs,
                 }
             }
         }
-    }
+    });
     return 0;
 }
 

@@ -480,6 +480,22 @@ static void g16_group_scratch(const g16_kernels *kern, int amx, const uint8_t *w
     for (int64_t i = m0; i < m1; ++i) store_row16(acc + (i - m0) * G16, rn, y, i * ldy + n0, y_bf16);
 }
 
+/* A thread's AMX tiles for its share of quant_linear16 (where amx: AMX runs it) */
+static inline void g16_tiles_begin(int amx, int six) {
+#if HAVE_AMX_INT8
+    if (amx) amx_setup(six);
+#else
+    (void)amx, (void)six;
+#endif
+}
+static inline void g16_tiles_end(int amx) {
+#if HAVE_AMX_INT8
+    if (amx) _tile_release();
+#else
+    (void)amx;
+#endif
+}
+
 /* y[m, n] = x @ W^T on a repacked W (quant_repack16), x as quant_x left it. Threads split the
    16-row groups; each output is one lane's sum over k in block order, whatever m or thread. */
 int quant_linear16(int type, const int8_t *xq, const float *xd, const float *xs, int64_t m, int64_t k,
@@ -490,15 +506,11 @@ int quant_linear16(int type, const int8_t *xq, const float *xd, const float *xs,
     const int amx = m >= G16 && amx_ready();
     const int64_t scr_min = amx ? SCR_MIN_ROWS_AMX : SCR_MIN_ROWS;
     const int64_t xrows = m >= scr_min ? SCR_X_ROWS : X_BLOCK_ROWS;
-    OMP(omp parallel num_threads(kernel_nthreads) if (groups >= 2))
-    {
-#if HAVE_AMX_INT8
-        if (amx) amx_setup(kern->six); /* tile state is per thread */
-#endif
+    SHARED(groups, groups >= 2,
+        g16_tiles_begin(amx, kern->six); /* tile state is per thread */
         for (int64_t m0 = 0; m0 < m; m0 += xrows) {
             const int64_t m1 = m - m0 < xrows ? m : m0 + xrows;
-            OMP(omp for schedule(static))
-            for (int64_t g = 0; g < groups; ++g) {
+            for (int64_t g = lo; g < hi; ++g) {
                 const int64_t n0 = g * G16, rn = n - n0 < G16 ? n - n0 : G16;
                 if (m1 - m0 >= scr_min)
                     g16_group_scratch(kern, amx, wp + g * rec_group, nb, xq, k, xd, xs, m0, m1, n0, rn, y, ldy, y_bf16,
@@ -507,9 +519,6 @@ int quant_linear16(int type, const int8_t *xq, const float *xd, const float *xs,
                     g16_group_regs(kern, wp + g * rec_group, nb, xq, k, xd, xs, m0, m1, n0, rn, y, ldy, y_bf16, rec_group);
             }
         }
-#if HAVE_AMX_INT8
-        if (amx) _tile_release();
-#endif
-    }
+        g16_tiles_end(amx););
     return 0;
 }

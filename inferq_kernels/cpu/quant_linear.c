@@ -63,8 +63,7 @@ static inline int hsum8_epi32(__m256i v) {
    d = max|x| / 127, q = x * (1 / d) rounded half to even (vcvtps2dq, as numpy's rint). */
 void quant_x(const void *x, int64_t ldx, int x_bf16, int64_t m, int64_t k, int8_t *xq, float *xd, float *xs) {
     const int64_t nb = k / 32;
-    OMP(omp parallel for schedule(static) num_threads(kernel_nthreads) if (m > 1))
-    for (int64_t r = 0; r < m; ++r) {
+    SHARED(m, m > 1, for (int64_t r = lo; r < hi; ++r) {
         for (int64_t b = 0; b < nb; ++b) {
             const __m256 sign = _mm256_set1_ps(-0.0f);
             __m256 v[4], mx = _mm256_setzero_ps();
@@ -87,7 +86,7 @@ void quant_x(const void *x, int64_t ldx, int x_bf16, int64_t m, int64_t k, int8_
             float *s = xs + (r * nb + b) * 4;
             s[0] = d * (float)s0; s[1] = d * (float)s1; s[2] = d * (float)(s0 + s1); s[3] = 0.0f;
         }
-    }
+    });
 }
 
 /* ---------------------------------------------------------------- weights */
@@ -250,11 +249,9 @@ int quant_linear(int type, const int8_t *xq, const float *xd, const float *xs, i
     if (!tab || k <= 0 || k % qblock_elems(type) || m < 0 || n < 0) return -1;
     const int64_t row_bytes = k / qblock_elems(type) * qblock_bytes(type), nb = k / 32;
     const int64_t tiles = (n + RN - 1) / RN;
-    OMP(omp parallel num_threads(kernel_nthreads) if (n >= 2 * RN))
-    for (int64_t m0 = 0; m0 < m; m0 += X_BLOCK_ROWS) {
+    SHARED(tiles, n >= 2 * RN, for (int64_t m0 = 0; m0 < m; m0 += X_BLOCK_ROWS) {
         const int64_t m1 = m - m0 < X_BLOCK_ROWS ? m : m0 + X_BLOCK_ROWS;
-        OMP(omp for schedule(static))
-        for (int64_t t = 0; t < tiles; ++t) {
+        for (int64_t t = lo; t < hi; ++t) {
             const int64_t n0 = t * RN, rn = n - n0 < RN ? n - n0 : RN;
             for (int64_t i0 = m0; i0 < m1; i0 += RM_MAX) {
                 const int rm = (int)(m1 - i0 < RM_MAX ? m1 - i0 : RM_MAX);
@@ -274,7 +271,7 @@ int quant_linear(int type, const int8_t *xq, const float *xd, const float *xs, i
                     }
             }
         }
-    }
+    });
     return 0;
 }
 
@@ -389,11 +386,9 @@ int quant_linear_f32(int type, const float *x, int64_t ldx, int64_t m, int64_t k
     if (!tab || k <= 0 || k % qblock_elems(type) || m < 0 || n < 0) return -1;
     const int64_t row_bytes = k / qblock_elems(type) * qblock_bytes(type);
     const int64_t tiles = (n + RN - 1) / RN;
-    OMP(omp parallel num_threads(kernel_nthreads) if (n >= 2 * RN))
-    for (int64_t m0 = 0; m0 < m; m0 += X_BLOCK_ROWS) {
+    SHARED(tiles, n >= 2 * RN, for (int64_t m0 = 0; m0 < m; m0 += X_BLOCK_ROWS) {
         const int64_t m1 = m - m0 < X_BLOCK_ROWS ? m : m0 + X_BLOCK_ROWS;
-        OMP(omp for schedule(static))
-        for (int64_t t = 0; t < tiles; ++t) {
+        for (int64_t t = lo; t < hi; ++t) {
             const int64_t n0 = t * RN, rn = n - n0 < RN ? n - n0 : RN;
             for (int64_t i0 = m0; i0 < m1; i0 += RMF_MAX) {
                 const int rm = (int)(m1 - i0 < RMF_MAX ? m1 - i0 : RMF_MAX);
@@ -411,7 +406,7 @@ int quant_linear_f32(int type, const float *x, int64_t ldx, int64_t m, int64_t k
                     }
             }
         }
-    }
+    });
     return 0;
 }
 
@@ -494,7 +489,7 @@ int quant_rows(int type, const uint8_t *w, int64_t n, int64_t k, const int64_t *
         if (ids[i] < 0 || ids[i] >= n) return -2;
     const int e = qblock_elems(type), bytes = qblock_bytes(type);
     const int64_t row_bytes = k / e * bytes;
-    for (int64_t i = 0; i < n_ids; ++i) {
+    SHARED(n_ids, n_ids > 1, for (int64_t i = lo; i < hi; ++i) {
         const uint8_t *row = w + ids[i] * row_bytes;
         for (int64_t g = 0; g < k / e; ++g) {
             float v[256];
@@ -505,6 +500,11 @@ int quant_rows(int type, const uint8_t *w, int64_t n, int64_t k, const int64_t *
                 else ((float *)out)[at] = v[l];
             }
         }
-    }
+    });
     return 0;
 }
+
+/* The kernels of this file that share their work in a step program's team (threads.h) */
+const void *const team_kernels[] = {(const void *)quant_x, (const void *)quant_linear, (const void *)quant_linear_f32,
+                                    (const void *)quant_rows, (const void *)quant_linear16,
+                                    (const void *)quant_rows16, 0};

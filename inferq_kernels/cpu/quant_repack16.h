@@ -228,13 +228,13 @@ int quant_rows16(int type, const uint8_t *wp, int64_t n, int64_t k, const int64_
     if (!rec16_bytes(type) || k % qblock_elems(type)) return -1;
     for (int64_t i = 0; i < n_ids; ++i)
         if (ids[i] < 0 || ids[i] >= n) return -2;
-    for (int64_t i = 0; i < n_ids; ++i) {
+    SHARED(n_ids, n_ids > 1, for (int64_t i = lo; i < hi; ++i) {
         float v[k];
         repacked_row(type, wp, k, ids[i], v);
         for (int64_t e = 0; e < k; ++e) {
             if (out_bf16) ((uint16_t *)out)[i * k + e] = f32_to_bf16(v[e]);
             else ((float *)out)[i * k + e] = v[e];
         }
-    }
+    });
     return 0;
 }

@@ -4,7 +4,9 @@
    arguments are fixed when the step is recorded, except those marked per step, read from the
    params array the caller fills before each run (the block table, the attention scratch).
    Calling the kernels from here instead of from Python saves the few microseconds of
-   argument conversion and GIL traffic around each of the ~300 calls of a small model's step. */
+   argument conversion and GIL traffic around each of the ~300 calls of a small model's step;
+   at several threads, running the step as one team (run_team) saves each parallel kernel's
+   region. */
 #include <stdint.h>
 #include <string.h>
 #include "threads.h"
@@ -97,18 +99,82 @@ static int call(const step_op *op, const I *a) {
 
 int step_op_bytes(void) { return (int)sizeof(step_op); }
 
-/* Runs ops[0..n) in order. Returns 0, or the first non-zero return (a kernel refusing its
-   arguments, -1 for an unknown shape) with its op's index in *failed_at. */
-int run_step_program(const step_op *ops, int64_t n, const int64_t *params, int64_t *failed_at) {
-    for (int64_t i = 0; i < n; ++i) {
-        const step_op *op = &ops[i];
-        I a[STEP_MAX_ARGS];
-        memcpy(a, op->a, sizeof a);
-        for (uint32_t m = op->per_step; m; m &= m - 1) {
-            const int j = __builtin_ctz(m);
-            a[j] = params[op->a[j]];
+static int run_op(const step_op *op, const int64_t *params) {
+    I a[STEP_MAX_ARGS];
+    memcpy(a, op->a, sizeof a);
+    for (uint32_t m = op->per_step; m; m &= m - 1) {
+        const int j = __builtin_ctz(m);
+        a[j] = params[op->a[j]];
+    }
+    return call(op, a);
+}
+
+/* A team's meeting point: each thread waits until all have arrived, spinning (a wait is a
+   kernel's imbalance or a few small ops of thread 0, microseconds: far shorter than a futex
+   sleep and wake), then yielding the CPU between looks, so that where more threads than CPUs
+   are runnable the one it waits for gets to run. */
+#define SPINS_BEFORE_YIELD 2000
+typedef struct {
+    _Alignas(64) int arrived;
+    _Alignas(64) int phase;
+    _Alignas(64) int64_t failed_at; /* the first op that failed (INT64_MAX: none), and its return */
+    int failed_rc;
+} team_sync;
+
+static void team_barrier(team_sync *s, int n) {
+    const int phase = __atomic_load_n(&s->phase, __ATOMIC_RELAXED);
+    if (__atomic_add_fetch(&s->arrived, 1, __ATOMIC_ACQ_REL) == n) {
+        __atomic_store_n(&s->arrived, 0, __ATOMIC_RELAXED);
+        __atomic_store_n(&s->phase, phase + 1, __ATOMIC_RELEASE);
+        return;
+    }
+    for (long spins = 0; __atomic_load_n(&s->phase, __ATOMIC_ACQUIRE) == phase; ++spins) {
+        if (spins < SPINS_BEFORE_YIELD) {
+#if defined(__x86_64__) || defined(__i386__)
+            __builtin_ia32_pause();
+#endif
+        } else {
+            syscall(SYS_sched_yield);
         }
-        const int rc = call(op, a);
+    }
+}
+
+/* The whole program in one parallel region: every thread walks the ops, each kernel running
+   the calling thread's share (threads.h's SHARED), the ops with no kernel on thread 0, and all
+   meet after each op. A failure stops every thread after the same op: after op i's meeting
+   each asks whether an op up to i failed, which a thread already past it cannot change. */
+static int run_team(const step_op *ops, int64_t n, const int64_t *params, int64_t *failed_at) {
+    team_sync sync = {0, 0, INT64_MAX, 0};
+    OMP(omp parallel num_threads(kernel_nthreads))
+    {
+        const int tid = thread_id(), nt = team_threads();
+        for (int64_t i = 0; i < n; ++i) {
+            const step_op *op = &ops[i];
+            const int rc = op->fn || tid == 0 ? run_op(op, params) : 0;
+            if (rc) {
+                int64_t first = __atomic_load_n(&sync.failed_at, __ATOMIC_RELAXED);
+                while (i < first &&
+                       !__atomic_compare_exchange_n(&sync.failed_at, &first, i, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+                }
+                if (i <= first) __atomic_store_n(&sync.failed_rc, rc, __ATOMIC_RELAXED);
+            }
+            if (nt > 1) team_barrier(&sync, nt);
+            if (__atomic_load_n(&sync.failed_at, __ATOMIC_RELAXED) <= i) break;
+        }
+    }
+    if (sync.failed_at == INT64_MAX) return 0;
+    *failed_at = sync.failed_at;
+    return sync.failed_rc;
+}
+
+/* Runs ops[0..n) in order: as one team where `team` (every kernel called shares its work in a
+   team: the Python side checks their team_kernels[]) and more than one thread is set, else one
+   op after another on the calling thread. Returns 0, or the first non-zero return (a kernel
+   refusing its arguments, -1 for an unknown shape) with its op's index in *failed_at. */
+int run_step_program(const step_op *ops, int64_t n, const int64_t *params, int64_t *failed_at, int team) {
+    if (team && kernel_nthreads > 1) return run_team(ops, n, params, failed_at);
+    for (int64_t i = 0; i < n; ++i) {
+        const int rc = run_op(&ops[i], params);
         if (rc) {
             *failed_at = i;
             return rc;

@@ -28,6 +28,78 @@ static inline int64_t row_block(int64_t m, int64_t cache_rows, int64_t panels, i
     }
     return mc < step ? step : mc / step * step;
 }
+
+/* Sharing a kernel's work among threads. A kernel's loop over [0, n) runs in static shares,
+   each output computed by one thread. Called from Python, the kernel opens its own parallel
+   region of kernel_nthreads threads, or runs on the calling thread where one thread is set or
+   `when` (its OpenMP if clause) is false. Inside a step program's team (step_program.c runs a
+   whole decode step in one parallel region, its threads meeting at a barrier after each kernel)
+   every team thread calls the kernel and runs its own share, opening no region. On a 2-core
+   Zen 4 a libgomp region of two threads cost ~2.6 us to open and close (a barrier in it ~0.75,
+   a spin barrier of our own ~0.15), and even a region of one thread or with a false if clause
+   ~0.4: a batch-1 step's small kernels opened ~300 of those. Kernels that share this way are
+   listed in their file's team_kernels[] (read by inferq_kernels/cpu/loader.py): a step program
+   runs as a team only where every kernel it calls is listed. */
+#ifdef _OPENMP
+static inline int in_team(void) { return omp_in_parallel(); }
+static inline int team_thread(void) { return omp_get_thread_num(); }
+static inline int team_threads(void) { return omp_get_num_threads(); }
+#else
+static inline int in_team(void) { return 0; }
+static inline int team_thread(void) { return 0; }
+static inline int team_threads(void) { return 1; }
+#endif
+/* [*lo, *hi): thread t of nt's contiguous share of [0, n) */
+static inline void share_of(int64_t n, int t, int nt, int64_t *lo, int64_t *hi) {
+    const int64_t q = n / nt, r = n % nt;
+    *lo = t * q + (t < r ? t : r);
+    *hi = *lo + q + (t < r);
+}
+/* The statements after `when` run on each thread's share [lo, hi) of [0, n), tid the thread's
+   number (for its scratch); with `when` false, once on [0, n) (thread 0 in a team). */
+#define SHARED(n, when, ...)                                                                     \
+    do {                                                                                         \
+        const int64_t shared_n_ = (n);                                                           \
+        if (in_team()) {                                                                         \
+            const int tid = team_thread();                                                       \
+            int64_t lo = 0, hi = tid ? 0 : shared_n_;                                            \
+            if (when) share_of(shared_n_, tid, team_threads(), &lo, &hi);                        \
+            if (lo < hi) { __VA_ARGS__ }                                                         \
+        } else if (kernel_nthreads < 2 || !(when)) {                                             \
+            const int tid = 0;                                                                   \
+            const int64_t lo = 0, hi = shared_n_;                                                \
+            (void)tid;                                                                           \
+            if (lo < hi) { __VA_ARGS__ }                                                         \
+        } else {                                                                                 \
+            OMP(omp parallel num_threads(kernel_nthreads))                                       \
+            {                                                                                    \
+                const int tid = team_thread();                                                   \
+                int64_t lo, hi;                                                                  \
+                share_of(shared_n_, tid, team_threads(), &lo, &hi);                              \
+                if (lo < hi) { __VA_ARGS__ }                                                     \
+            }                                                                                    \
+        }                                                                                        \
+    } while (0)
+/* The statements run for each i of [0, n), items dealt round robin (schedule(static, 1)). */
+#define SHARED_EACH(i, n, ...)                                                                   \
+    do {                                                                                         \
+        const int64_t each_n_ = (n);                                                             \
+        if (in_team()) {                                                                         \
+            const int tid = team_thread(), each_step_ = team_threads();                          \
+            for (int64_t i = tid; i < each_n_; i += each_step_) { __VA_ARGS__ }                  \
+        } else if (kernel_nthreads < 2) {                                                        \
+            const int tid = 0;                                                                   \
+            (void)tid;                                                                           \
+            for (int64_t i = 0; i < each_n_; ++i) { __VA_ARGS__ }                                \
+        } else {                                                                                 \
+            OMP(omp parallel for schedule(static, 1) num_threads(kernel_nthreads))               \
+            for (int64_t i = 0; i < each_n_; ++i) {                                              \
+                const int tid = team_thread();                                                   \
+                (void)tid;                                                                       \
+                __VA_ARGS__                                                                      \
+            }                                                                                    \
+        }                                                                                        \
+    } while (0)
 int kernel_threads(int n) {
     kernel_nthreads = n < 1 ? 1 : n;
 #ifdef _OPENMP

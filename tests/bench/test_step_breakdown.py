@@ -20,7 +20,7 @@ pytestmark = pytest.mark.skipif(load_cpu_kernels() is None, reason="the CPU C ke
 def test_breakdown_of_forward_and_replay(tmp_path):
     folder = save_tiny_model("llama", tmp_path / "llama")
     args = argparse.Namespace(dtype="float32", prompt_len=16, steps=3, rounds=2, forward=True, general_inputs=True,
-                              threads=1)
+                              op_by_op=False, threads=1)
     torch.set_num_threads(1)
     results = step_breakdown.run_model(str(folder), args)
     assert [r["variant"] for r in results] == ["forward", "replay", "replay, general inputs"]
@@ -37,6 +37,33 @@ def test_breakdown_of_forward_and_replay(tmp_path):
     assert forward["c_ms"]["linear"] < forward["parts_ms"]["linear"]
     for r in (replay, general):
         assert r["c_ms"]["linear"] == pytest.approx(r["parts_ms"]["linear"])
+
+
+def test_op_by_op_variant_runs_the_step_programs_without_a_team(tmp_path, monkeypatch):
+    """``--op-by-op`` at two threads: the replay's step programs run as one team in the replay's
+    rounds and op by op in the added variant's, and the engine is left with its teams on."""
+    from inferq.gpuworker.models import cpu_step_program
+
+    if not getattr(cpu_step_program.load(), "openmp", False):
+        pytest.skip("the kernels are built without OpenMP here (one thread)")
+    seen = set()
+    run = cpu_step_program.StepProgram.run
+
+    def spy(self, team=True):
+        seen.add(self.team and team)
+        return run(self, team)
+
+    monkeypatch.setattr(cpu_step_program.StepProgram, "run", spy)
+    folder = save_tiny_model("llama", tmp_path / "llama")
+    args = argparse.Namespace(dtype="float32", prompt_len=16, steps=3, rounds=2, forward=False, general_inputs=False,
+                              op_by_op=True, threads=2)
+    torch.set_num_threads(2)
+    try:
+        results = step_breakdown.run_model(str(folder), args)
+    finally:
+        torch.set_num_threads(1)
+    assert [r["variant"] for r in results] == ["replay", "replay, op by op"]
+    assert seen == {True, False}, "the programs ran as a team in one variant and op by op in the other"
 
 
 def test_parts_are_exclusive(tmp_path):

@@ -1,16 +1,19 @@
 """The step program (inferq_kernels/cpu/step_program.c, gpuworker/models/cpu_step_program.py):
 kernel calls encoded once and run by one foreign call give what the same calls made from
 Python give; per-step arguments are read at each run; a kernel's refusal comes back with the
-op that refused; calls of an unknown shape are not taken."""
+op that refused; calls of an unknown shape are not taken. At two threads a program whose
+kernels all share their work runs as one team and gives the one-thread results."""
 from __future__ import annotations
 
 import ctypes
+from contextlib import contextmanager
 
 import pytest
 import torch
 
 from inferq.gpuworker.attention import cpu_kernels
 from inferq.gpuworker.models import cpu_step_program
+from inferq.kernels.cpu import loader
 from tests import quant_kernels
 
 pytestmark = pytest.mark.skipif(cpu_step_program.load() is None or cpu_kernels.load() is None,
@@ -62,8 +65,30 @@ def test_per_step_arguments_are_read_at_each_run():
         assert torch.equal(out, want)
 
 
-@pytest.mark.parametrize("runner", ["program", "python"])
-def test_a_refusing_kernel_stops_the_run_at_its_op(runner):
+@contextmanager
+def _threads(n: int, *libs):
+    """torch and these kernel libraries at n threads, back to one after."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    for lib in libs:
+        loader.sync_threads(lib)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+        for lib in libs:
+            loader.sync_threads(lib)
+
+
+needs_threads = pytest.mark.skipif(not getattr(cpu_step_program.load(), "openmp", False),
+                                   reason="the kernels are built without OpenMP here (one thread)")
+
+
+@pytest.mark.timeout(300, method="thread")  # a team left waiting hangs in C: fail, do not hang
+@pytest.mark.parametrize("runner,threads", [("program", 1), ("program", 2), ("python", 1)])
+def test_a_refusing_kernel_stops_the_run_at_its_op(runner, threads):
+    if threads > 1 and not cpu_step_program.load().openmp:
+        pytest.skip("the kernels are built without OpenMP here (one thread)")
     kern = cpu_kernels.load()
     silu = kern.silu_mul[torch.float32]
     x, y = torch.randn(1, 32), torch.zeros(1, 16)
@@ -74,8 +99,12 @@ def test_a_refusing_kernel_stops_the_run_at_its_op(runner):
            (silu, (x.data_ptr(), 32, 16, y.data_ptr(), 1))]
     steps = (cpu_step_program.StepProgram.build(cpu_step_program.load(), ops, 1) if runner == "program"
              else cpu_step_program.PythonSteps(ops, 1))
-    rc, at = steps.run()
-    assert rc != 0 and at == 1
+    with _threads(threads, kern.lib, cpu_step_program.load()):
+        # many runs: in a team every thread must stop after the refusing op's meeting, even a
+        # thread that reaches it after another has gone on (a hang here: one left waiting)
+        for _ in range(200 if threads > 1 else 1):
+            rc, at = steps.run()
+            assert rc != 0 and at == 1
     assert not torch.equal(silu_out, torch.zeros(1, 16)), "the op before ran"
     assert torch.equal(y, torch.zeros(1, 16)), "the op after did not"
 
@@ -174,6 +203,96 @@ def test_a_program_is_not_built_where_an_op_has_no_shape():
     ops = [(kern.silu_mul[torch.float32], (0, 64, 32, 0, 2)), (lambda: 0, ())]
     assert cpu_step_program.StepProgram.build(cpu_step_program.load(), ops, 1) is None
     assert cpu_step_program.StepProgram.build(None, ops[:1], 1) is None
+
+
+def _team_calls(kern, qweight, bufs: dict) -> list:
+    """A step's kinds of call on 5 rows: the residual add and norm (in place: a kernel run whole
+    by each thread of a team would add twice), SiLU-and-mul, a quantized projection (its
+    activation quantizer, then 96 columns of Q4_1 blocks in 6 groups), the argmax, and the K/V
+    store and a row gather (ops with no kernel: thread 0's)."""
+    ptr = lambda t: t.data_ptr()  # noqa: E731
+    rows, h = 5, 64
+    norm, silu = kern.add_rms_norm[torch.float32], kern.silu_mul[torch.float32]
+    proj, xbufs = qweight.replay_calls(bufs["out"], bufs["y"])
+    bufs["xbufs"] = xbufs
+    return [(norm, (ptr(bufs["res"]), ptr(bufs["hid"]), ptr(bufs["w"]), ptr(bufs["out"]), rows, h, 1e-5)),
+            (silu, (ptr(bufs["gu"]), 2 * h, h, ptr(bufs["act"]), rows)),
+            *proj,
+            (_argmax_lib().fns[torch.float32], (ptr(bufs["y"]), 96, rows, 96, ptr(bufs["picked"]))),
+            (cpu_step_program.kv_store, (ptr(bufs["kc"]), ptr(bufs["vc"]), ptr(bufs["act"]), h * 4, ptr(bufs["out"]),
+                                         h * 4, h * 4, rows, ptr(bufs["slots"]))),
+            (cpu_step_program.gather, (ptr(bufs["gathered"]), ptr(bufs["kc"]), h * 4, ptr(bufs["slots"]), rows, 9))]
+
+
+def _argmax_lib():
+    from inferq.gpuworker.engine import cpu_argmax
+
+    return cpu_argmax.load()
+
+
+def _team_buffers() -> dict:
+    torch.manual_seed(3)
+    rows, h = 5, 64
+    return {"res": torch.randn(rows, h), "hid": torch.randn(rows, h), "w": torch.rand(h) + 0.5,
+            "out": torch.empty(rows, h), "gu": torch.randn(rows, 2 * h), "act": torch.empty(rows, h),
+            "y": torch.empty(rows, 96), "picked": torch.zeros(rows, dtype=torch.int64),
+            "kc": torch.zeros(9, h), "vc": torch.zeros(9, h), "slots": torch.tensor([8, 0, 3, 5, 1]),
+            "gathered": torch.zeros(rows, h)}
+
+
+def _quant_weight():
+    from inferq.gpuworker.models import quant_linear as ql
+    from inferq.kernels.cpu import quant_reference as ref
+    from tests.kernels.test_gguf_quant import random_packed
+
+    lib = quant_kernels.require()
+    return lib, ql.QuantLinear(lib, [ql.QuantWeight(random_packed("Q4_1", 96, 64, seed=2), ref.SUPPORTED["Q4_1"], 64)],
+                               torch.float32, activations="int8")
+
+
+@needs_threads
+def test_a_team_program_gives_the_one_thread_results():
+    """At two threads a program whose kernels are all listed in their files' team_kernels[] runs
+    as one team (each kernel the calling thread's share, thread 0 the ops with no kernel, a
+    barrier after each op): the same bits as the same calls made one by one at one thread."""
+    kern = cpu_kernels.load()
+    qlib, qweight = _quant_weight()
+    libs = (kern.lib, qlib, _argmax_lib(), cpu_step_program.load())
+    want, got = _team_buffers(), _team_buffers()
+    with _threads(1, *libs):
+        assert cpu_step_program.PythonSteps(_team_calls(kern, qweight, want), 1).run() == (0, -1)
+    prog = cpu_step_program.StepProgram.build(cpu_step_program.load(), _team_calls(kern, qweight, got), 1)
+    assert prog is not None and prog.team, "every kernel here shares its work in a team"
+    with _threads(2, *libs):
+        for _ in range(3):  # the in-place residual moves on each run: run both sides alike
+            assert prog.run() == (0, -1)
+    with _threads(1, *libs):
+        steps = cpu_step_program.PythonSteps(_team_calls(kern, qweight, want), 1)
+        for _ in range(2):
+            assert steps.run() == (0, -1)
+    for name in ("res", "out", "act", "y", "picked", "kc", "vc", "gathered"):
+        assert torch.equal(got[name], want[name]), name
+    assert not torch.equal(got["y"], torch.zeros_like(got["y"]))
+
+
+@needs_threads
+def test_a_program_with_a_kernel_not_listed_for_teams_runs_op_by_op(monkeypatch):
+    """A kernel missing from team_kernels[] (the AMX matmuls, whose threads set up their tiles in
+    their own region) keeps the whole program op by op, each kernel opening its own region."""
+    kern = cpu_kernels.load()
+    qlib, qweight = _quant_weight()
+    silu = ctypes.cast(kern.silu_mul[torch.float32], ctypes.c_void_p).value
+    assert loader.shares_in_team(silu)
+    monkeypatch.setattr(loader, "_team_kernels", loader._team_kernels - {silu})
+    want, got = _team_buffers(), _team_buffers()
+    with _threads(1, kern.lib, qlib, _argmax_lib()):
+        assert cpu_step_program.PythonSteps(_team_calls(kern, qweight, want), 1).run() == (0, -1)
+    prog = cpu_step_program.StepProgram.build(cpu_step_program.load(), _team_calls(kern, qweight, got), 1)
+    assert prog is not None and not prog.team
+    with _threads(2, kern.lib, qlib, _argmax_lib(), cpu_step_program.load()):
+        assert prog.run() == (0, -1)
+    for name in ("res", "out", "act", "y", "picked", "gathered"):
+        assert torch.equal(got[name], want[name]), name
 
 
 def test_the_op_layout_matches_the_c_struct():

@@ -189,6 +189,34 @@ def test_gguf_native_projections_replay_as_their_kernel_calls(monkeypatch):
         assert rec.embed is not None and ops[0] is rec.embed and ops[1:3] == rec.rotary_rows and ops[-1] is rec.final
 
 
+@pytest.mark.parametrize("model", ["float32", "bfloat16", "gguf-native"])
+def test_replay_at_two_threads_runs_each_step_as_a_team(tiny_folder, model, monkeypatch):
+    """At two threads every decode step's program runs as one team (step_program.c's run_team:
+    one parallel region, each kernel the calling thread's share) wherever its kernels all share
+    their work, which is all but the AMX bf16 matmuls: the forward's tokens, the replay's
+    first-step checks passing at 1-3 rows."""
+    from inferq.gpuworker.models.loader import bundled_model_path
+
+    if not cpu_step_program.load().openmp:
+        pytest.skip("the kernels are built without OpenMP here (one thread)")
+    if model == "gguf-native":
+        quant_kernels.require()
+        monkeypatch.setenv("INFERQ_GGUF_WEIGHTS", "native")
+        monkeypatch.setenv("INFERQ_GGUF_ACTIVATIONS", "int8")
+        llm = _engine(bundled_model_path(), "float32")
+    else:
+        llm = _engine(tiny_folder, model)
+    torch.set_num_threads(2)
+    try:
+        replay = _assert_replay_gives_the_forwards_tokens(llm)
+    finally:
+        torch.set_num_threads(1)
+    amx_bf16 = model == "bfloat16" and cpu_linear.load().bf16 == "amx"
+    programs = [steps for rec in replay._recordings.values() for steps in rec.steps[1].values()]
+    assert programs and all(steps.team is not amx_bf16 for steps in programs)
+    assert replay.kernels.lib.threads == 2  # the steps ran at two threads
+
+
 def test_an_input_out_of_range_is_an_index_error_and_leaves_the_replay_on(monkeypatch):
     """An id past the embedding (the quantized lookup in the program) or a position past the
     rotary table fails the step with IndexError, as the forward's lookups do, and the replay
@@ -309,9 +337,9 @@ def test_a_refusing_kernel_turns_the_replay_off_and_the_step_takes_the_forward(t
     real_run, paths = cpu_step_program.StepProgram.run, []
     monkeypatch.setattr(replay, "run_inputs", lambda *a: paths.append("direct") or type(replay).run_inputs(replay, *a))
 
-    def refuse_once(self):
+    def refuse_once(self, team=True):
         monkeypatch.setattr(cpu_step_program.StepProgram, "run", real_run)
-        real_run(self)
+        real_run(self, team)
         return 7, len(self) - 1  # the program's last op said no
 
     monkeypatch.setattr(cpu_step_program.StepProgram, "run", refuse_once)
