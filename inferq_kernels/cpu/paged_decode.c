@@ -391,11 +391,11 @@ static inline __attribute__((always_inline)) void NAME##_unit(                  
          const T *qrow, const int64_t q_tok_stride, T *orow, const int64_t out_tok_stride,   \
          const int64_t nr, const T *kc, const T *vc, const int32_t *table,                   \
          const int64_t len0, const int64_t h0, const int64_t h1, const int64_t hkv,          \
-         const int64_t g_n, const int64_t d, const int64_t bs, const float scale, float *scores, \
-         const int32_t *next_table, const int64_t next_len) {                                  \
+         const int64_t g_n, const int64_t g0, const int64_t gc, const int64_t d, const int64_t bs, \
+         const float scale, float *scores, const int32_t *next_table, const int64_t next_len) { \
     float qf[MAX_G][MAX_D], kf[MAX_D];                                                        \
     const int64_t tok_stride = hkv * d; /* cache layout [blocks, bs, hkv, d] */               \
-    const int64_t lmax = len0 + nr - 1, hgn = (h1 - h0) * g_n;                                \
+    const int64_t lmax = len0 + nr - 1, hgn = (h1 - h0) * gc;                                 \
     const int64_t rs = hgn * lmax; /* scores per token: [head h - h0][g][lmax] */             \
     float *accs = scores + nr * rs; /* [token][head h - h0][g][MAX_D] */                      \
     /* pass 1: scores; the next block's keys and this block's values fetched ahead */         \
@@ -412,31 +412,31 @@ static inline __attribute__((always_inline)) void NAME##_unit(                  
             if (!spread) prefetch_rows(vc + base, n, tok_stride * (int64_t)sizeof(T), d * (int64_t)sizeof(T)); \
             for (int64_t r = t0 < len0 ? 0 : t0 - len0 + 1; r < nr; ++r) { /* tokens seeing t0 */ \
                 const int64_t nn = len0 + r - t0 < bs ? len0 + r - t0 : bs;                   \
-                const T *qh0 = qrow + r * q_tok_stride + h * g_n * d;                         \
-                float *sc = scores + r * rs + (h - h0) * g_n * lmax;                          \
+                const T *qh0 = qrow + r * q_tok_stride + (h * g_n + g0) * d;                  \
+                float *sc = scores + r * rs + (h - h0) * gc * lmax;                           \
                 /* a decode row calls the block's q.k out of line (*_block, see there) */     \
                 if (FAST_DOTS(T, d) && nr == 1) {                                             \
-                    dots_bf16_block((const uint16_t *)qh0, (const uint16_t *)(kc + base), tok_stride, nn, g_n, d, \
+                    dots_bf16_block((const uint16_t *)qh0, (const uint16_t *)(kc + base), tok_stride, nn, gc, d, \
                                     scale, sc + t0, lmax);                                    \
                 } else if (FAST_DOTS(T, d)) {                                                 \
-                    dots_bf16((const uint16_t *)qh0, (const uint16_t *)(kc + base), tok_stride, nn, g_n, d, \
+                    dots_bf16((const uint16_t *)qh0, (const uint16_t *)(kc + base), tok_stride, nn, gc, d, \
                               scale, sc + t0, lmax);                                          \
                 } else if (spread) {                                                          \
                     dots_f32_spread((const float *)qh0, (const float *)(kc + base), (const float *)(kc + next + h * d), \
-                                    n2, (const float *)(vc + base), tok_stride, nn, g_n, d, scale, sc + t0, lmax); \
+                                    n2, (const float *)(vc + base), tok_stride, nn, gc, d, scale, sc + t0, lmax); \
                 } else if (FAST_DOTS_F32(T, d) && nr == 1) {                                  \
-                    dots_f32_block((const float *)qh0, (const float *)(kc + base), tok_stride, nn, g_n, d, \
+                    dots_f32_block((const float *)qh0, (const float *)(kc + base), tok_stride, nn, gc, d, \
                                    scale, sc + t0, lmax);                                     \
                 } else if (FAST_DOTS_F32(T, d)) {                                             \
-                    dots_f32((const float *)qh0, (const float *)(kc + base), tok_stride, nn, g_n, d, \
+                    dots_f32((const float *)qh0, (const float *)(kc + base), tok_stride, nn, gc, d, \
                              scale, sc + t0, lmax);                                           \
                 } else {                                                                      \
-                    for (int64_t g = 0; g < g_n; ++g)                                         \
+                    for (int64_t g = 0; g < gc; ++g)                                          \
                         for (int64_t i = 0; i < d; ++i) qf[g][i] = LOAD(qh0[g * d + i]) * scale; \
                     for (int64_t t = 0; t < nn; ++t) {                                        \
                         const T *kr = kc + base + t * tok_stride;                             \
                         for (int64_t i = 0; i < d; ++i) kf[i] = LOAD(kr[i]);                  \
-                        for (int64_t g = 0; g < g_n; ++g) {                                   \
+                        for (int64_t g = 0; g < gc; ++g) {                                    \
                             float dot = 0.0f;                                                 \
                             for (int64_t i = 0; i < d; ++i) dot += qf[g][i] * kf[i];          \
                             sc[g * lmax + t0 + t] = dot;                                      \
@@ -474,23 +474,23 @@ static inline __attribute__((always_inline)) void NAME##_unit(                  
                     for (int64_t i = 0; i < 64; ++i) vw[t][i] = LOAD(vc[base + t * tok_stride + i]); \
             for (int64_t r = t0 < len0 ? 0 : t0 - len0 + 1; r < nr; ++r) {                   \
                 const int64_t nn = len0 + r - t0 < bs ? len0 + r - t0 : bs;                   \
-                const float *p = scores + r * rs + (h - h0) * g_n * lmax;                     \
-                float *acc = accs + (r * hgn + (h - h0) * g_n) * MAX_D;                       \
+                const float *p = scores + r * rs + (h - h0) * gc * lmax;                      \
+                float *acc = accs + (r * hgn + (h - h0) * gc) * MAX_D;                        \
                 if (widen) {                                                                  \
-                    pv64f(&vw[0][0], 64, nn, p + t0, lmax, acc, g_n);                         \
+                    pv64f(&vw[0][0], 64, nn, p + t0, lmax, acc, gc);                          \
                 } else if (FAST_PV(T, d) && nr == 1) {                                        \
-                    pv64_block((const uint16_t *)(vc + base), tok_stride, nn, p + t0, lmax, acc, g_n); \
+                    pv64_block((const uint16_t *)(vc + base), tok_stride, nn, p + t0, lmax, acc, gc);  \
                 } else if (FAST_PV(T, d)) {                                                   \
-                    pv64((const uint16_t *)(vc + base), tok_stride, nn, p + t0, lmax, acc, g_n); \
+                    pv64((const uint16_t *)(vc + base), tok_stride, nn, p + t0, lmax, acc, gc);  \
                 } else if (FAST_PV_F32(T, d) && nr == 1) {                                    \
-                    pv64f_block((const float *)(vc + base), tok_stride, nn, p + t0, lmax, acc, g_n); \
+                    pv64f_block((const float *)(vc + base), tok_stride, nn, p + t0, lmax, acc, gc);  \
                 } else if (FAST_PV_F32(T, d)) {                                               \
-                    pv64f((const float *)(vc + base), tok_stride, nn, p + t0, lmax, acc, g_n); \
+                    pv64f((const float *)(vc + base), tok_stride, nn, p + t0, lmax, acc, gc);  \
                 } else {                                                                      \
                     for (int64_t t = 0; t < nn; ++t) {                                        \
                         const T *vr = vc + base + t * tok_stride;                             \
                         for (int64_t i = 0; i < d; ++i) kf[i] = LOAD(vr[i]);                  \
-                        for (int64_t g = 0; g < g_n; ++g) {                                   \
+                        for (int64_t g = 0; g < gc; ++g) {                                    \
                             const float pg = p[g * lmax + t0 + t];                            \
                             for (int64_t i = 0; i < d; ++i) acc[g * MAX_D + i] += pg * kf[i]; \
                         }                                                                     \
@@ -501,7 +501,7 @@ static inline __attribute__((always_inline)) void NAME##_unit(                  
     }                                                                                         \
     for (int64_t r = 0; r < nr; ++r)                                                          \
         for (int64_t hg = 0; hg < hgn; ++hg) {                                                \
-            T *oh = orow + r * out_tok_stride + (h0 * g_n + hg) * d;                          \
+            T *oh = orow + r * out_tok_stride + ((h0 + hg / gc) * g_n + g0 + hg % gc) * d;    \
             const float *a = accs + (r * hgn + hg) * MAX_D;                                   \
             for (int64_t i = 0; i < d; ++i) oh[i] = STORE(a[i] * inv[r * hgn + hg]);          \
         }                                                                                     \
@@ -511,14 +511,14 @@ static inline __attribute__((always_inline)) void NAME##_unit(                  
 DEFINE_UNIT_D(NAME, T, 64) DEFINE_UNIT_D(NAME, T, 128) DEFINE_UNIT_D(NAME, T, 0)              \
 static inline void NAME##_run_unit(const T *qrow, int64_t q_tok_stride, T *orow, int64_t out_tok_stride, \
         int64_t nr, const T *kc, const T *vc, const int32_t *table, int64_t len0, int64_t h0, int64_t h1, \
-        int64_t hkv, int64_t g_n, int64_t d, int64_t bs, float scale, float *scores,          \
+        int64_t hkv, int64_t g_n, int64_t g0, int64_t gc, int64_t d, int64_t bs, float scale, float *scores, \
         const int32_t *next_table, int64_t next_len) {                                        \
     if (d == 64) NAME##_unit_d64(qrow, q_tok_stride, orow, out_tok_stride, nr, kc, vc, table, len0, h0, h1, hkv, \
-                                 g_n, 64, bs, scale, scores, next_table, next_len);           \
+                                 g_n, g0, gc, 64, bs, scale, scores, next_table, next_len);   \
     else if (d == 128) NAME##_unit_d128(qrow, q_tok_stride, orow, out_tok_stride, nr, kc, vc, table, len0, h0, h1, \
-                                        hkv, g_n, 128, bs, scale, scores, next_table, next_len); \
+                                        hkv, g_n, g0, gc, 128, bs, scale, scores, next_table, next_len); \
     else NAME##_unit_d0(qrow, q_tok_stride, orow, out_tok_stride, nr, kc, vc, table, len0, h0, h1, hkv, \
-                        g_n, d, bs, scale, scores, next_table, next_len);                     \
+                        g_n, g0, gc, d, bs, scale, scores, next_table, next_len);             \
 }                                                                                             \
 int NAME(const T *q, int64_t q_tok_stride, T *out, int64_t out_tok_stride,                     \
          const T *kc, const T *vc, const int32_t *tables, int64_t table_stride,              \
@@ -529,22 +529,33 @@ int NAME(const T *q, int64_t q_tok_stride, T *out, int64_t out_tok_stride,      
     int64_t max_len = 0;                                                                      \
     for (int64_t s = 0; s < nseq; ++s) max_len = lens[s] > max_len ? lens[s] : max_len;      \
     const int64_t sstride = hq * (max_len + MAX_D);                                           \
-    /* whole sequences per unit, or one kv head where the sequences are too few for the threads */ \
-    const int64_t hpu = nseq >= 4 * kernel_nthreads || kernel_nthreads == 1 ? hkv : 1;        \
-    const int64_t per_seq = hkv / hpu;                                                        \
-    /* Units dealt round robin (static, 1): a thread's next unit is unit + threads, and while   \
-       pass 3 reads this unit's values from L2 (fetched during pass 1) the memory bus would sit \
-       idle, so it fetches the next unit's keys then (whole sequences per unit only). */      \
-    const int64_t units = nseq * per_seq;                                                     \
-    SHARED_EACH(unit, units,                                                                  \
-        const int64_t s = unit / per_seq, h0 = unit % per_seq * hpu;                          \
-        const int64_t ns = unit + kernel_nthreads < units && per_seq == 1 ? unit + kernel_nthreads : -1; \
-        const int32_t *next_table = ns < 0 ? tables : tables + seq_idx[ns] * table_stride;     \
-        const int64_t next_len = ns < 0 ? 0 : lens[ns];                                       \
-        NAME##_run_unit(q + q_rows[s] * q_tok_stride, q_tok_stride, out + q_rows[s] * out_tok_stride, \
-                        out_tok_stride, 1, kc, vc, tables + seq_idx[s] * table_stride, lens[s], h0, h0 + hpu, \
-                        hkv, g_n, d, bs, scale, scratch0 + tid * sstride, next_table, next_len);  \
-    );                                                                                        \
+    if (nseq >= 4 * kernel_nthreads || kernel_nthreads == 1) {                                \
+        /* A whole sequence a unit, units dealt round robin (static, 1): a thread's next unit is \
+           unit + threads, and while pass 3 reads this unit's values from L2 (fetched during     \
+           pass 1) the memory bus would sit idle, so it fetches the next unit's keys then. */    \
+        SHARED_EACH(s, nseq,                                                                  \
+            const int64_t ns = s + kernel_nthreads < nseq ? s + kernel_nthreads : -1;         \
+            const int32_t *next_table = ns < 0 ? tables : tables + seq_idx[ns] * table_stride; \
+            const int64_t next_len = ns < 0 ? 0 : lens[ns];                                   \
+            NAME##_run_unit(q + q_rows[s] * q_tok_stride, q_tok_stride, out + q_rows[s] * out_tok_stride, \
+                            out_tok_stride, 1, kc, vc, tables + seq_idx[s] * table_stride, lens[s], 0, hkv, \
+                            hkv, g_n, 0, g_n, d, bs, scale, scratch0 + tid * sstride, next_table, next_len); \
+        );                                                                                    \
+        return 0;                                                                             \
+    }                                                                                         \
+    /* Too few sequences for the threads: each thread a contiguous share of the (sequence, query \
+       head) pairs, run as one unit per kv head it touches (its query heads of that group). Whole \
+       kv heads a unit left threads idle: SmolLM2's 3 kv heads of one sequence went 2:1 over 2 \
+       threads. Each query head's sums are the same whatever else its unit holds. */          \
+    SHARED(nseq * hq, 1,                                                                      \
+        for (int64_t f = lo; f < hi;) {                                                       \
+            const int64_t s = f / hq, h = f % hq / g_n, g0 = f % g_n;                         \
+            const int64_t gc = g_n - g0 < hi - f ? g_n - g0 : hi - f;                         \
+            NAME##_run_unit(q + q_rows[s] * q_tok_stride, q_tok_stride, out + q_rows[s] * out_tok_stride, \
+                            out_tok_stride, 1, kc, vc, tables + seq_idx[s] * table_stride, lens[s], h, h + 1, \
+                            hkv, g_n, g0, gc, d, bs, scale, scratch0 + tid * sstride, tables, 0); \
+            f += gc;                                                                          \
+        });                                                                                   \
     return 0;                                                                                 \
 }                                                                                             \
 /* Prefill chunks with the decode kernel's arithmetic (the unit above): chunk c is q_lens[c]     \
@@ -584,7 +595,7 @@ int NAME##_rows(const T *q, int64_t q_tok_stride, T *out, int64_t out_tok_stride
         const int64_t row = q_start[c] + r0;                                                  \
         NAME##_run_unit(q + row * q_tok_stride, q_tok_stride, out + row * out_tok_stride, out_tok_stride, nr, \
                         kc, vc, tables + seq_idx[c] * table_stride, ctx_lens[c] + r0 + 1, h0, h0 + hpu, hkv, \
-                        g_n, d, bs, scale, scratch0 + thread_id() * sstride, tables, 0);      \
+                        g_n, 0, g_n, d, bs, scale, scratch0 + thread_id() * sstride, tables, 0); \
     }                                                                                         \
     free(first);                                                                              \
     return 0;                                                                                 \
@@ -592,14 +603,14 @@ int NAME##_rows(const T *q, int64_t q_tok_stride, T *out, int64_t out_tok_stride
 #define DEFINE_UNIT_D(NAME, T, D)                                                             \
 static __attribute__((noinline)) void NAME##_unit_d##D(const T *qrow, int64_t q_tok_stride, T *orow, \
         int64_t out_tok_stride, int64_t nr, const T *kc, const T *vc, const int32_t *table, int64_t len0, \
-        int64_t h0, int64_t h1, int64_t hkv, int64_t g_n, int64_t d, int64_t bs, float scale, float *scores, \
-        const int32_t *next_table, int64_t next_len) {                                        \
+        int64_t h0, int64_t h1, int64_t hkv, int64_t g_n, int64_t g0, int64_t gc, int64_t d, int64_t bs, \
+        float scale, float *scores, const int32_t *next_table, int64_t next_len) {            \
     if (nr == 1) /* a decode row: the token loops gone (decode attention 1.05-1.1x faster) */ \
         NAME##_unit(qrow, q_tok_stride, orow, out_tok_stride, 1, kc, vc, table, len0, h0, h1, hkv, g_n, \
-                    D ? D : d, bs, scale, scores, next_table, next_len);                      \
+                    g0, gc, D ? D : d, bs, scale, scores, next_table, next_len);              \
     else                                                                                      \
         NAME##_unit(qrow, q_tok_stride, orow, out_tok_stride, nr, kc, vc, table, len0, h0, h1, hkv, g_n, \
-                    D ? D : d, bs, scale, scores, next_table, next_len);                      \
+                    g0, gc, D ? D : d, bs, scale, scores, next_table, next_len);              \
 }
 
 #define ID(x) (x)

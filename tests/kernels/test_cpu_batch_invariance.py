@@ -160,8 +160,9 @@ def test_rows_kernel_equals_decode_rows_bit_for_bit(build, threads, dtype, hq, h
                                          (4, 1, 32, 32)])
 def test_decode_rows_are_the_same_bits_however_the_threads_split_them(build, threads, dtype, hq, hkv, d, bs):
     """Decode rows of 1 to 8 sequences at 1 to 4 threads: with fewer sequences than 4 per thread
-    the kernel deals single kv heads to the threads, with more whole sequences; every row must be
-    the bits it gets from one thread doing whole sequences."""
+    the kernel gives each thread a share of the (sequence, query head) pairs, a kv head's query
+    heads split between threads where a share ends inside its group; with more, whole sequences.
+    Every row must be the bits it gets from one thread doing whole sequences."""
     lens = [150, 61, 33, 1, 97, 16, 17, 200]
     kc, vc, tables = _cache(lens, hkv, d, dtype, bs, seed=7 * hq + d)
     q = torch.randn(len(lens), hq, d, generator=torch.Generator().manual_seed(2)).to(dtype)
