@@ -378,9 +378,7 @@ def run_model(name: str, args) -> list[dict]:
     stream = WeightStream(engine.dtype)
     results = measure(engine, args.prompt_len, args.steps, args.rounds, lambda: nbytes / stream.gbs() / 1e9,
                       variants)
-    model.decode_replay, runner._direct_decode = replay, True
-    if replay is not None:
-        replay.teams = True
+    use(True)()  # the engine as it was: the replay on, its direct inputs and teams
     dtype = str(engine.dtype).removeprefix("torch.")
     return [dict(r, model=name, variant=v, dtype=dtype, bytes=nbytes) for v, r in results.items()]
 

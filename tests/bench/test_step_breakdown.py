@@ -12,6 +12,7 @@ import torch
 
 from inferq.bench import step_breakdown
 from inferq.gpuworker.attention.cpu_kernels import load as load_cpu_kernels
+from tests import openmp_threads
 from tests.tiny_models import save_tiny_model
 
 pytestmark = pytest.mark.skipif(load_cpu_kernels() is None, reason="the CPU C kernels do not build here")
@@ -44,8 +45,7 @@ def test_op_by_op_variant_runs_the_step_programs_without_a_team(tmp_path, monkey
     rounds and op by op in the added variant's, and the engine is left with its teams on."""
     from inferq.gpuworker.models import cpu_step_program
 
-    if not getattr(cpu_step_program.load(), "openmp", False):
-        pytest.skip("the kernels are built without OpenMP here (one thread)")
+    openmp_threads.require()
     seen = set()
     run = cpu_step_program.StepProgram.run
 

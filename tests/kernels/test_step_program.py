@@ -6,15 +6,15 @@ kernels all share their work runs as one team and gives the one-thread results."
 from __future__ import annotations
 
 import ctypes
-from contextlib import contextmanager
 
 import pytest
 import torch
 
 from inferq.gpuworker.attention import cpu_kernels
+from inferq.gpuworker.engine import cpu_argmax
 from inferq.gpuworker.models import cpu_step_program
 from inferq.kernels.cpu import loader
-from tests import quant_kernels
+from tests import openmp_threads, quant_kernels
 
 pytestmark = pytest.mark.skipif(cpu_step_program.load() is None or cpu_kernels.load() is None,
                                 reason="no C compiler here: the CPU kernels do not build")
@@ -65,30 +65,11 @@ def test_per_step_arguments_are_read_at_each_run():
         assert torch.equal(out, want)
 
 
-@contextmanager
-def _threads(n: int, *libs):
-    """torch and these kernel libraries at n threads, back to one after."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(n)
-    for lib in libs:
-        loader.sync_threads(lib)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-        for lib in libs:
-            loader.sync_threads(lib)
-
-
-needs_threads = pytest.mark.skipif(not getattr(cpu_step_program.load(), "openmp", False),
-                                   reason="the kernels are built without OpenMP here (one thread)")
-
-
 @pytest.mark.timeout(300, method="thread")  # a team left waiting hangs in C: fail, do not hang
 @pytest.mark.parametrize("runner,threads", [("program", 1), ("program", 2), ("python", 1)])
 def test_a_refusing_kernel_stops_the_run_at_its_op(runner, threads):
-    if threads > 1 and not cpu_step_program.load().openmp:
-        pytest.skip("the kernels are built without OpenMP here (one thread)")
+    if threads > 1:
+        openmp_threads.require()
     kern = cpu_kernels.load()
     silu = kern.silu_mul[torch.float32]
     x, y = torch.randn(1, 32), torch.zeros(1, 16)
@@ -99,7 +80,7 @@ def test_a_refusing_kernel_stops_the_run_at_its_op(runner, threads):
            (silu, (x.data_ptr(), 32, 16, y.data_ptr(), 1))]
     steps = (cpu_step_program.StepProgram.build(cpu_step_program.load(), ops, 1) if runner == "program"
              else cpu_step_program.PythonSteps(ops, 1))
-    with _threads(threads, kern.lib, cpu_step_program.load()):
+    with openmp_threads.threads(threads, kern.lib, cpu_step_program.load()):
         # many runs: in a team every thread must stop after the refusing op's meeting, even a
         # thread that reaches it after another has gone on (a hang here: one left waiting)
         for _ in range(200 if threads > 1 else 1):
@@ -218,16 +199,10 @@ def _team_calls(kern, qweight, bufs: dict) -> list:
     return [(norm, (ptr(bufs["res"]), ptr(bufs["hid"]), ptr(bufs["w"]), ptr(bufs["out"]), rows, h, 1e-5)),
             (silu, (ptr(bufs["gu"]), 2 * h, h, ptr(bufs["act"]), rows)),
             *proj,
-            (_argmax_lib().fns[torch.float32], (ptr(bufs["y"]), 96, rows, 96, ptr(bufs["picked"]))),
+            (cpu_argmax.load().fns[torch.float32], (ptr(bufs["y"]), 96, rows, 96, ptr(bufs["picked"]))),
             (cpu_step_program.kv_store, (ptr(bufs["kc"]), ptr(bufs["vc"]), ptr(bufs["act"]), h * 4, ptr(bufs["out"]),
                                          h * 4, h * 4, rows, ptr(bufs["slots"]))),
             (cpu_step_program.gather, (ptr(bufs["gathered"]), ptr(bufs["kc"]), h * 4, ptr(bufs["slots"]), rows, 9))]
-
-
-def _argmax_lib():
-    from inferq.gpuworker.engine import cpu_argmax
-
-    return cpu_argmax.load()
 
 
 def _team_buffers() -> dict:
@@ -250,32 +225,29 @@ def _quant_weight():
                                torch.float32, activations="int8")
 
 
-@needs_threads
+@openmp_threads.needed()
 def test_a_team_program_gives_the_one_thread_results():
     """At two threads a program whose kernels are all listed in their files' team_kernels[] runs
     as one team (each kernel the calling thread's share, thread 0 the ops with no kernel, a
     barrier after each op): the same bits as the same calls made one by one at one thread."""
     kern = cpu_kernels.load()
     qlib, qweight = _quant_weight()
-    libs = (kern.lib, qlib, _argmax_lib(), cpu_step_program.load())
+    libs = (kern.lib, qlib, cpu_argmax.load(), cpu_step_program.load())
     want, got = _team_buffers(), _team_buffers()
-    with _threads(1, *libs):
-        assert cpu_step_program.PythonSteps(_team_calls(kern, qweight, want), 1).run() == (0, -1)
+    steps = cpu_step_program.PythonSteps(_team_calls(kern, qweight, want), 1)
     prog = cpu_step_program.StepProgram.build(cpu_step_program.load(), _team_calls(kern, qweight, got), 1)
     assert prog is not None and prog.team, "every kernel here shares its work in a team"
-    with _threads(2, *libs):
-        for _ in range(3):  # the in-place residual moves on each run: run both sides alike
-            assert prog.run() == (0, -1)
-    with _threads(1, *libs):
-        steps = cpu_step_program.PythonSteps(_team_calls(kern, qweight, want), 1)
-        for _ in range(2):
+    for _ in range(3):  # the in-place residual moves on at each run: both sides run alike
+        with openmp_threads.threads(1, *libs):
             assert steps.run() == (0, -1)
+        with openmp_threads.threads(2, *libs):
+            assert prog.run() == (0, -1)
     for name in ("res", "out", "act", "y", "picked", "kc", "vc", "gathered"):
         assert torch.equal(got[name], want[name]), name
     assert not torch.equal(got["y"], torch.zeros_like(got["y"]))
 
 
-@needs_threads
+@openmp_threads.needed()
 def test_a_program_with_a_kernel_not_listed_for_teams_runs_op_by_op(monkeypatch):
     """A kernel missing from team_kernels[] (the AMX matmuls, whose threads set up their tiles in
     their own region) keeps the whole program op by op, each kernel opening its own region."""
@@ -285,11 +257,11 @@ def test_a_program_with_a_kernel_not_listed_for_teams_runs_op_by_op(monkeypatch)
     assert loader.shares_in_team(silu)
     monkeypatch.setattr(loader, "_team_kernels", loader._team_kernels - {silu})
     want, got = _team_buffers(), _team_buffers()
-    with _threads(1, kern.lib, qlib, _argmax_lib()):
+    with openmp_threads.threads(1, kern.lib, qlib, cpu_argmax.load()):
         assert cpu_step_program.PythonSteps(_team_calls(kern, qweight, want), 1).run() == (0, -1)
     prog = cpu_step_program.StepProgram.build(cpu_step_program.load(), _team_calls(kern, qweight, got), 1)
     assert prog is not None and not prog.team
-    with _threads(2, kern.lib, qlib, _argmax_lib(), cpu_step_program.load()):
+    with openmp_threads.threads(2, kern.lib, qlib, cpu_argmax.load(), cpu_step_program.load()):
         assert prog.run() == (0, -1)
     for name in ("res", "out", "act", "y", "picked", "gathered"):
         assert torch.equal(got[name], want[name]), name

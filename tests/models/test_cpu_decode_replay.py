@@ -14,7 +14,7 @@ from inferq.gpuworker import LLM
 from inferq.gpuworker.attention.cpu_kernels import load as load_cpu_kernels
 from inferq.gpuworker.models import cpu_decode_replay, cpu_linear, cpu_step_program
 from inferq.schemas import SamplingParams
-from tests import quant_kernels
+from tests import openmp_threads, quant_kernels
 from tests.tiny_models import save_tiny_model
 
 pytestmark = pytest.mark.skipif(load_cpu_kernels() is None, reason="the CPU C kernels do not build here")
@@ -197,8 +197,7 @@ def test_replay_at_two_threads_runs_each_step_as_a_team(tiny_folder, model, monk
     first-step checks passing at 1-3 rows."""
     from inferq.gpuworker.models.loader import bundled_model_path
 
-    if not cpu_step_program.load().openmp:
-        pytest.skip("the kernels are built without OpenMP here (one thread)")
+    openmp_threads.require()
     if model == "gguf-native":
         quant_kernels.require()
         monkeypatch.setenv("INFERQ_GGUF_WEIGHTS", "native")
